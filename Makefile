@@ -1,0 +1,32 @@
+# Two commands do all the set-up on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: run test bench proto clean
+
+# The venv and torch first: a pinned CPU torch keeps pip from fetching CUDA wheels.
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q "$(TORCH)"
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e ".[test,dev,bench]"
+	touch $@ $(VENV)/.installed
+
+run: $(VENV)/.installed
+	$(BIN)/python -m actorlearner run --env CartPole-v1 --actors 2 --target-return 475 --max-seconds 600 --seed 0
+
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest
+
+bench: $(VENV)/.installed-test
+	$(BIN)/python benchmarks/bench_replay.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info
