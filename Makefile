@@ -28,5 +28,9 @@ test: $(VENV)/.installed-test
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/bench_replay.py
 
+# Regenerate the committed gRPC/protobuf code (tests/test_proto.py fails when it is stale).
+proto: $(VENV)/.installed-test
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. proto/actorlearner/v1/learner.proto
+
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""Actor side: env loop, n-step transition assembly, streaming client."""

@@ -1,0 +1,322 @@
+"""Prioritized experience replay over preallocated circular torch storage on any device."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from actorlearner.replay.sumtree import SumTree
+
+FieldSpec = tuple[tuple[int, ...], torch.dtype]
+# Per-item bookkeeping stored in the same row as the item's fields.
+_KEY, _VERSION = "__key__", "__version__"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sampled batch.
+
+    Attributes:
+        indices: item keys (the item's insertion number, int64). A key names one item,
+            not a slot: once the slot is overwritten, updates for the old key are ignored.
+        weights: importance-sampling weights, float32, at most 1.
+        data: field name -> tensor of shape ``(batch, *field_shape)`` (views into one
+            gathered block of rows, so not contiguous; ``.contiguous()`` if you need it).
+        policy_version: version of the policy that produced each item, int64.
+    """
+
+    indices: torch.Tensor
+    weights: torch.Tensor
+    data: dict[str, torch.Tensor]
+    policy_version: torch.Tensor
+
+
+class PrioritizedReplay:
+    """Proportional prioritized replay (Schaul et al.) with batched, loop-free operations.
+
+    Each item's fields, key and policy version sit in one fixed-width byte row, so
+    sampling gathers one row per item (one memory access instead of one per field).
+
+    Stored priority of an item is ``(p + eps) ** alpha``. IS weights are
+    ``(N * P(i)) ** -beta`` divided by the largest possible weight; ``beta`` anneals
+    linearly to 1 over ``beta_steps`` calls to :meth:`sample`.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        fields: Mapping[str, FieldSpec],
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        beta_steps: int = 100_000,
+        eps: float = 1e-6,
+        device: str | torch.device = "cpu",
+        branching: int = 32,
+    ):
+        if not fields:
+            raise ValueError("fields must name at least one field")
+        if alpha < 0 or not 0 <= beta <= 1 or eps < 0 or beta_steps < 1:
+            raise ValueError(f"need alpha >= 0, 0 <= beta <= 1, eps >= 0, beta_steps >= 1; got "
+                             f"alpha={alpha}, beta={beta}, eps={eps}, beta_steps={beta_steps}")
+        self.capacity = capacity
+        self.fields = {name: (tuple(int(d) for d in shape), dtype) for name, (shape, dtype) in fields.items()}
+        self.alpha, self.beta0, self.beta_steps, self.eps = alpha, beta, beta_steps, eps
+        self.device = torch.device(device)
+        self._tree = SumTree(capacity, branching, self.device)
+        self._layout, row_bytes = _row_layout({**self.fields, _KEY: ((), torch.long), _VERSION: ((), torch.long)})
+        self._rows = torch.zeros((capacity, row_bytes), dtype=torch.uint8, device=self.device)
+        self._columns = _columns(self._rows, self._layout)
+        self._keys, self._versions = self._columns[_KEY], self._columns[_VERSION]
+        self._keys.fill_(-1)
+        self._max_priority = 1.0
+        self._inserted = 0
+        self._sample_calls = 0
+        self._min_version: int | None = None  # items below it were evicted by sample()
+
+    def __len__(self) -> int:
+        return min(self._inserted, self.capacity)
+
+    @property
+    def inserted(self) -> int:
+        """Items added since creation, overwritten ones included."""
+        return self._inserted
+
+    @property
+    def beta(self) -> float:
+        """Current IS exponent, annealed from ``beta`` to 1 over ``beta_steps`` samples."""
+        frac = min(1.0, self._sample_calls / self.beta_steps)
+        return self.beta0 + (1.0 - self.beta0) * frac
+
+    def add(self, batch: Mapping[str, torch.Tensor | np.ndarray], priorities=None,
+            policy_version: int | torch.Tensor | np.ndarray = 0) -> torch.Tensor:
+        """Store a batch; return its item keys. Without priorities, items get the max seen.
+
+        A batch larger than the capacity keeps only its newest ``capacity`` items.
+        """
+        columns = self._check_batch(batch)
+        n = next(iter(columns.values())).shape[0]
+        versions = self._as_device(policy_version, torch.long)
+        if versions.dim() > 1 or versions.numel() not in (1, n):
+            raise ValueError(f"policy_version must be one int or one per item ({n}), got shape {tuple(versions.shape)}")
+        versions = versions.reshape(-1).expand(n)
+        if priorities is not None:
+            priorities = self._check_priorities(priorities, n)
+        if n == 0:
+            return torch.empty(0, dtype=torch.long, device=self.device)
+        if n > self.capacity:
+            skip = n - self.capacity
+            columns = {name: col[skip:] for name, col in columns.items()}
+            versions = versions[skip:]
+            priorities = None if priorities is None else priorities[skip:]
+            self._inserted += skip
+            n = self.capacity
+
+        keys = torch.arange(self._inserted, self._inserted + n, device=self.device)
+        start = self._inserted % self.capacity
+        if priorities is None:
+            priorities = torch.full((n,), self._max_priority, dtype=torch.float64, device=self.device)
+        leaf = self._leaf_values(priorities, versions)
+        for name, col in columns.items():
+            self._write(self._columns[name], start, col)
+        self._write(self._keys, start, keys)
+        self._write(self._versions, start, versions)
+        self._write(None, start, leaf)
+        self._inserted += n
+        return keys
+
+    def sample(self, batch_size: int, min_policy_version: int | None = None) -> Sample:
+        """Draw ``batch_size`` items with probability proportional to their priority.
+
+        With ``min_policy_version``, items produced by an older policy are evicted (their
+        priority set to zero, for good) and never returned.
+        """
+        if not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if batch_size > len(self):
+            raise ValueError(f"batch_size {batch_size} is larger than the {len(self)} items stored")
+        if min_policy_version is not None:
+            self._evict_older_than(int(min_policy_version))
+        self._sample_calls += 1
+
+        if self._tree.total() > 0:
+            slots = self._tree.sample(batch_size)
+            leaf = self._tree.leaves.index_select(0, slots)
+            weights = leaf.div_(self._tree.min_positive()).pow_(-self.beta).float()
+        else:  # every eligible priority is zero: uniform over eligible items
+            slots = self._uniform_eligible(batch_size)
+            weights = torch.ones(batch_size, dtype=torch.float32, device=self.device)
+        columns = _columns(self._rows.index_select(0, slots), self._layout)
+        keys, versions = columns.pop(_KEY), columns.pop(_VERSION)
+        return Sample(keys, weights, columns, versions)
+
+    def update_priorities(self, indices, priorities) -> None:
+        """Set new priorities for item keys from a :class:`Sample`.
+
+        Keys whose slot has been overwritten since they were sampled are ignored; with
+        repeated keys the last priority wins.
+        """
+        keys = self._as_device(indices, torch.long).reshape(-1)
+        priorities = self._check_priorities(priorities, keys.shape[0])
+        if keys.numel() == 0:
+            return
+        low, high = (int(x) for x in torch.aminmax(keys))
+        if low < 0 or high >= self._inserted:
+            bad = keys[(keys < 0) | (keys >= self._inserted)][:5].tolist()
+            raise ValueError(f"indices out of range [0, {self._inserted}): {bad}")
+        slots = keys % self.capacity
+        live = self._keys.index_select(0, slots) == keys
+        if not bool(live.all()):
+            slots, priorities = slots[live], priorities[live]
+        versions = None if self._min_version is None else self._versions.index_select(0, slots)
+        self._tree.update(slots, self._leaf_values(priorities, versions))
+
+    def state_dict(self) -> dict[str, torch.Tensor | int | float]:
+        """Everything needed to restore the buffer: plain tensors and numbers only."""
+        n = len(self)
+        state: dict[str, torch.Tensor | int | float] = {
+            "capacity": self.capacity,
+            "inserted": self._inserted,
+            "sample_calls": self._sample_calls,
+            "min_version": -1 if self._min_version is None else self._min_version,
+            "max_priority": self._max_priority,
+            "keys": self._keys[:n].cpu().contiguous(),
+            "versions": self._versions[:n].cpu().contiguous(),
+            "priorities": self._tree.leaves[:n].cpu(),
+        }
+        for name in self.fields:
+            state[f"field.{name}"] = self._columns[name][:n].cpu().contiguous()
+        return state
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor | int | float]) -> None:
+        """Restore a :meth:`state_dict` made on any device into this buffer's device."""
+        if int(state["capacity"]) != self.capacity:
+            raise ValueError(f"capacity mismatch: saved {state['capacity']}, buffer has {self.capacity}")
+        saved = {k[len("field."):] for k in state if k.startswith("field.")}
+        if saved != set(self.fields):
+            raise ValueError(f"field mismatch: saved {sorted(saved)}, buffer has {sorted(self.fields)}")
+        n = min(int(state["inserted"]), self.capacity)
+        for name, (shape, dtype) in self.fields.items():
+            value = state[f"field.{name}"]
+            if tuple(value.shape) != (n, *shape) or value.dtype != dtype:
+                raise ValueError(f"field {name!r}: saved {tuple(value.shape)} {value.dtype}, "
+                                 f"expected {(n, *shape)} {dtype}")
+            self._columns[name][:n].copy_(value)
+        self._keys.fill_(-1)
+        self._keys[:n].copy_(state["keys"])
+        self._versions.zero_()
+        self._versions[:n].copy_(state["versions"])
+        leaves = torch.zeros(self.capacity, dtype=torch.float64)
+        leaves[:n] = state["priorities"]
+        self._tree.load_state_dict({"capacity": self.capacity, "leaves": leaves})
+        self._inserted = int(state["inserted"])
+        self._sample_calls = int(state["sample_calls"])
+        self._min_version = None if int(state["min_version"]) < 0 else int(state["min_version"])
+        self._max_priority = float(state["max_priority"])
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _as_device(self, value, dtype: torch.dtype) -> torch.Tensor:
+        if isinstance(value, np.ndarray):
+            value = torch.from_numpy(value)
+        return torch.as_tensor(value, device=self.device).to(dtype)
+
+    def _check_batch(self, batch: Mapping) -> dict[str, torch.Tensor]:
+        """Validate names, dtypes and shapes; return device tensors."""
+        if not isinstance(batch, Mapping):
+            raise ValueError(f"batch must be a mapping of field name to array, got {type(batch).__name__}")
+        missing, unknown = set(self.fields) - set(batch), set(batch) - set(self.fields)
+        if missing or unknown:
+            raise ValueError(f"batch fields do not match: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        columns, n = {}, None
+        for name, (shape, dtype) in self.fields.items():
+            value = batch[name]
+            if isinstance(value, np.ndarray):
+                value = torch.from_numpy(value)
+            if not isinstance(value, torch.Tensor):
+                raise ValueError(f"field {name!r} must be a tensor or ndarray, got {type(value).__name__}")
+            if value.dtype != dtype:
+                raise ValueError(f"field {name!r} has dtype {value.dtype}, expected {dtype}")
+            if value.dim() != len(shape) + 1 or tuple(value.shape[1:]) != shape:
+                raise ValueError(f"field {name!r} has shape {tuple(value.shape)}, expected (n, *{shape})")
+            if n is not None and value.shape[0] != n:
+                raise ValueError(f"field {name!r} has {value.shape[0]} items, other fields have {n}")
+            n = value.shape[0]
+            columns[name] = value.to(self.device, non_blocking=True)
+        return columns
+
+    def _check_priorities(self, priorities, n: int) -> torch.Tensor:
+        """Validate one priority per item; raise the running max priority."""
+        p = self._as_device(priorities, torch.float64).reshape(-1)
+        if p.shape[0] != n:
+            raise ValueError(f"got {p.shape[0]} priorities for {n} items")
+        if n == 0:
+            return p
+        low, high = (float(x) for x in torch.aminmax(p))
+        if not (low >= 0 and high < math.inf):  # NaN fails both comparisons
+            kind = "NaN" if bool(p.isnan().any()) else "infinite" if high == math.inf else "negative"
+            raise ValueError(f"priorities must be finite and >= 0; got {kind} values")
+        self._max_priority = max(self._max_priority, high)
+        return p
+
+    def _leaf_values(self, priorities: torch.Tensor, versions: torch.Tensor | None) -> torch.Tensor:
+        leaf = (priorities + self.eps).pow_(self.alpha)
+        if self._min_version is not None:  # evicted versions stay at zero
+            leaf = torch.where(versions >= self._min_version, leaf, 0.0)
+        return leaf
+
+    def _write(self, store: torch.Tensor | None, start: int, values: torch.Tensor) -> None:
+        """Copy ``values`` into the circular ``store`` (or the tree's leaves) from ``start``, wrapping once."""
+        first = min(values.shape[0], self.capacity - start)
+        for at, part in ((start, values[:first]), (0, values[first:])):
+            if part.shape[0] == 0:
+                continue
+            if store is None:
+                self._tree.update_range(at, part)
+            else:
+                store[at:at + part.shape[0]].copy_(part)
+
+    def _evict_older_than(self, min_version: int) -> None:
+        if self._min_version is not None and min_version <= self._min_version:
+            return
+        self._min_version = min_version
+        n = len(self)
+        stale = torch.nonzero((self._versions[:n] < min_version) & (self._tree.leaves[:n] > 0)).squeeze(1)
+        if stale.numel():
+            self._tree.update(stale, torch.zeros(stale.numel(), dtype=torch.float64, device=self.device))
+
+    def _uniform_eligible(self, batch_size: int) -> torch.Tensor:
+        n = len(self)
+        eligible = torch.arange(n, device=self.device)
+        if self._min_version is not None:
+            eligible = eligible[self._versions[:n] >= self._min_version]
+        if eligible.numel() == 0:
+            raise ValueError(f"no stored item has policy_version >= {self._min_version}")
+        pick = torch.randint(eligible.numel(), (batch_size,), device=self.device)
+        return eligible.index_select(0, pick)
+
+
+def _row_layout(fields: Mapping[str, FieldSpec]) -> tuple[dict[str, tuple[int, int, tuple[int, ...], torch.dtype]], int]:
+    """Byte offsets of each field in a row: widest dtypes first so every field is aligned."""
+    layout, offset = {}, 0
+    for name, (shape, dtype) in sorted(fields.items(), key=lambda kv: -kv[1][1].itemsize):
+        nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        layout[name] = (offset, nbytes, shape, dtype)
+        offset += nbytes
+    return layout, -(-offset // 8) * 8
+
+
+def _columns(rows: torch.Tensor, layout) -> dict[str, torch.Tensor]:
+    """Typed views ``(len(rows), *shape)`` of each field inside a block of byte rows."""
+    by_dtype: dict[torch.dtype, torch.Tensor] = {}
+    out = {}
+    for name, (offset, nbytes, shape, dtype) in layout.items():
+        if dtype not in by_dtype:
+            by_dtype[dtype] = rows.view(dtype)
+        start, stop = offset // dtype.itemsize, (offset + nbytes) // dtype.itemsize
+        column = by_dtype[dtype][:, start:stop]
+        out[name] = column.view(rows.shape[0], *shape) if len(shape) != 1 else column
+    return out

@@ -1,0 +1,134 @@
+"""Reverb-style SampleToInsertRatio rate limiting between inserts and samples."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+
+class RateLimiter:
+    """Keeps ``samples / inserts`` near ``samples_per_insert`` once ``min_size_to_sample`` items exist.
+
+    Counted in items: inserting a batch of n is n inserts, sampling a batch of B is B
+    samples. With ``diff = inserts * samples_per_insert - samples`` and
+    ``offset = min_size_to_sample * samples_per_insert``, inserts wait while
+    ``diff > offset + error_buffer`` and samples wait while ``diff < offset - error_buffer``
+    or fewer than ``min_size_to_sample`` items were inserted. A call proceeds once a
+    single unit fits, so a batch may overshoot by its size minus one and never deadlocks.
+
+    Waits block the calling thread (:meth:`acquire_insert`, :meth:`acquire_sample`) or an
+    asyncio task (:meth:`acquire_insert_async`, :meth:`acquire_sample_async`); each takes
+    a timeout and returns whether it acquired. :meth:`close` releases every waiter with
+    False, so shutdown never hangs.
+    """
+
+    def __init__(self, min_size_to_sample: int = 1, samples_per_insert: float = 1.0, error_buffer: float | None = None):
+        if min_size_to_sample < 1:
+            raise ValueError(f"min_size_to_sample must be >= 1, got {min_size_to_sample}")
+        if samples_per_insert <= 0:
+            raise ValueError(f"samples_per_insert must be > 0, got {samples_per_insert}")
+        error_buffer = max(1.0, samples_per_insert) if error_buffer is None else error_buffer
+        if error_buffer < max(1.0, samples_per_insert):
+            raise ValueError(f"error_buffer must be >= max(1, samples_per_insert) = "
+                             f"{max(1.0, samples_per_insert)} or inserts and samples can block each other; got {error_buffer}")
+        self.min_size_to_sample = min_size_to_sample
+        self.samples_per_insert = samples_per_insert
+        offset = min_size_to_sample * samples_per_insert
+        self.min_diff, self.max_diff = offset - error_buffer, offset + error_buffer
+        self.inserts = 0
+        self.samples = 0
+        self.closed = False
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._async_waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+
+    @property
+    def diff(self) -> float:
+        return self.inserts * self.samples_per_insert - self.samples
+
+    def can_insert(self) -> bool:
+        """Whether one more item may be inserted now."""
+        return self.diff + self.samples_per_insert <= self.max_diff
+
+    def can_sample(self) -> bool:
+        """Whether one more item may be sampled now."""
+        return self.inserts >= self.min_size_to_sample and self.diff - 1 >= self.min_diff
+
+    def acquire_insert(self, n: int = 1, timeout: float | None = None) -> bool:
+        """Wait until inserting is allowed, then count ``n`` inserts."""
+        return self._acquire(self.can_insert, "inserts", n, timeout)
+
+    def acquire_sample(self, n: int = 1, timeout: float | None = None) -> bool:
+        """Wait until sampling is allowed, then count ``n`` samples."""
+        return self._acquire(self.can_sample, "samples", n, timeout)
+
+    async def acquire_insert_async(self, n: int = 1, timeout: float | None = None) -> bool:
+        """:meth:`acquire_insert` for asyncio code: waits without blocking the loop."""
+        return await self._acquire_async(self.can_insert, "inserts", n, timeout)
+
+    async def acquire_sample_async(self, n: int = 1, timeout: float | None = None) -> bool:
+        """:meth:`acquire_sample` for asyncio code: waits without blocking the loop."""
+        return await self._acquire_async(self.can_sample, "samples", n, timeout)
+
+    def close(self) -> None:
+        """Release every waiter (they return False); later acquires fail at once."""
+        with self._lock:
+            self.closed = True
+            self._notify()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"inserts": self.inserts, "samples": self.samples}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        with self._lock:
+            self.inserts, self.samples = int(state["inserts"]), int(state["samples"])
+            self._notify()
+
+    def _try(self, allowed, counter: str, n: int) -> bool | None:
+        """Under the lock: True if counted, False if closed, None if it must wait."""
+        if self.closed:
+            return False
+        if not allowed():
+            return None
+        setattr(self, counter, getattr(self, counter) + n)
+        self._notify()
+        return True
+
+    def _acquire(self, allowed, counter: str, n: int, timeout: float | None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while (done := self._try(allowed, counter, n)) is None:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._changed.wait(remaining)
+            return done
+
+    async def _acquire_async(self, allowed, counter: str, n: int, timeout: float | None) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            event = asyncio.Event()
+            with self._lock:
+                if (done := self._try(allowed, counter, n)) is not None:
+                    return done
+                waiter = (loop, event)
+                self._async_waiters.add(waiter)
+            try:
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    return False
+                try:
+                    await asyncio.wait_for(event.wait(), remaining)
+                except TimeoutError:
+                    return False
+            finally:
+                with self._lock:
+                    self._async_waiters.discard(waiter)
+
+    def _notify(self) -> None:
+        """Wake every waiter; caller holds the lock."""
+        self._changed.notify_all()
+        for loop, event in self._async_waiters:
+            loop.call_soon_threadsafe(event.set)

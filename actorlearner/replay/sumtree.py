@@ -1,0 +1,177 @@
+"""A wide (K-ary) sum tree in flat torch tensors, with the minimum positive leaf tracked.
+
+The leaves sit ``height`` K-ary levels below a flat top level of at most ``max_top``
+nodes. Sampling finds the top node with one binary search over the top's prefix sums,
+then descends one vectorized step per level; with K = 32 and a million leaves that is
+one search and two steps, a handful of torch calls for the whole batch on any device,
+never a Python loop over items.
+
+Sums are float64 and every update recomputes each touched parent from its children (no
+running deltas), so the total never drifts from the sum of the leaves. The minimum
+positive leaf (for importance weights) is kept with its position; only an update that
+raises or zeroes that very leaf costs a full rescan, which is rare in prioritized replay.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# Multiplying a positive float64 by this gives a value strictly below it.
+_JUST_BELOW_ONE = 1.0 - 2.0**-52
+
+
+class SumTree:
+    """Non-negative priorities of ``capacity`` leaves, sampled in proportion to their value.
+
+    A zero leaf is never sampled; when every leaf is zero, sampling is uniform. Values
+    must be finite and non-negative: validating them is the caller's job.
+    """
+
+    def __init__(self, capacity: int, branching: int = 32, device: str | torch.device = "cpu",
+                 max_top: int = 4096):
+        if capacity < 1 or branching < 2 or max_top < 1:
+            raise ValueError(f"need capacity >= 1, branching >= 2, max_top >= 1; got "
+                             f"{capacity}, {branching}, {max_top}")
+        self.capacity = capacity
+        self.branching = branching
+        self.device = torch.device(device)
+        self.height = 0
+        while math.ceil(capacity / branching**self.height) > max_top:
+            self.height += 1
+        top = math.ceil(capacity / branching**self.height)
+        kw = dict(dtype=torch.float64, device=self.device)
+        # Level 0 is the top, level ``height`` the leaves (zero-padded past ``capacity``).
+        self._sums = [torch.zeros(top * branching**d, **kw) for d in range(self.height + 1)]
+        self._top_cumsum = torch.zeros(top, **kw)
+        self._top_before = torch.zeros(top, **kw)  # mass left of each top node
+        self._min = math.inf
+        self._argmin = -1
+
+    @property
+    def leaves(self) -> torch.Tensor:
+        """Leaf values (a view: read it, write through :meth:`update`)."""
+        return self._sums[-1][: self.capacity]
+
+    def total(self) -> torch.Tensor:
+        """Sum of all leaves, a 0-d float64 tensor."""
+        return self._top_cumsum[-1]
+
+    def min_positive(self) -> float:
+        """Smallest positive leaf (``inf`` when none)."""
+        return self._min
+
+    def update(self, indices: torch.Tensor, values: torch.Tensor) -> None:
+        """Set ``leaves[indices] = values``. With repeated indices the last write wins."""
+        indices = indices.to(self.device, torch.long).reshape(-1)
+        values = values.to(self.device, torch.float64).reshape(-1)
+        if indices.numel() == 0:
+            return
+        indices, values = _last_write_wins(indices, values)
+        self._sums[-1].index_copy_(0, indices, values)
+        self._track_min(values, indices)
+        k = self.branching
+        for d in range(self.height, 0, -1):
+            indices = indices.div(k, rounding_mode="floor")
+            # Duplicate parents compute the same value, so their writes agree.
+            self._sums[d - 1].index_copy_(0, indices, self._sums[d].view(-1, k).index_select(0, indices).sum(1))
+        self._refresh_top()
+
+    def update_range(self, start: int, values: torch.Tensor) -> None:
+        """Set ``leaves[start:start + len(values)] = values``: the cheap path for inserts."""
+        values = values.to(self.device, torch.float64).reshape(-1)
+        lo, hi = start, start + values.shape[0]
+        if not 0 <= lo <= hi <= self.capacity:
+            raise ValueError(f"range [{lo}, {hi}) is outside [0, {self.capacity})")
+        self._sums[-1][lo:hi] = values
+        self._track_min(values, lo)
+        k = self.branching
+        for d in range(self.height, 0, -1):
+            lo, hi = lo // k, -(-hi // k)
+            self._sums[d - 1][lo:hi] = self._sums[d].view(-1, k)[lo:hi].sum(1)
+        self._refresh_top()
+
+    def sample(self, batch_size: int, num_items: int | None = None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+        """Draw ``batch_size`` leaf indices, one from each equal stratum of the total mass.
+
+        When the total is zero, draws uniformly from the first ``num_items`` leaves
+        (default: all of them). Padding leaves past ``capacity`` are zero: never drawn.
+        """
+        rand = torch.rand(batch_size, dtype=torch.float64, device=self.device, generator=generator)
+        total = float(self.total())
+        if not total > 0:
+            num_items = self.capacity if num_items is None else num_items
+            return rand.mul_(num_items).long().clamp_(max=num_items - 1)
+        target = torch.arange(batch_size, dtype=torch.float64, device=self.device).add_(rand)
+        target.mul_(total / batch_size).clamp_(max=total * _JUST_BELOW_ONE)
+        # target < total, so the first top node whose running sum exceeds it has mass.
+        node = torch.searchsorted(self._top_cumsum, target, right=True)
+        target -= self._top_before.index_select(0, node)
+        k = self.branching
+        for level in self._sums[1:]:
+            children = level.view(-1, k).index_select(0, node)
+            cumsum = children.cumsum(1)
+            # Keep the target inside this node's mass despite rounding on the way down.
+            target = torch.minimum(target, cumsum[:, -1] * _JUST_BELOW_ONE).unsqueeze_(1)
+            child = torch.searchsorted(cumsum, target, right=True)
+            # Mass left of the chosen child: its running sum minus its own value.
+            target = target.sub_(cumsum.gather(1, child)).add_(children.gather(1, child)).squeeze_(1)
+            node = node.mul_(k).add_(child.squeeze_(1))
+        return node
+
+    def state_dict(self) -> dict[str, torch.Tensor | int]:
+        """Leaves and shape; inner nodes are rebuilt on load."""
+        return {"capacity": self.capacity, "branching": self.branching, "leaves": self.leaves.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore leaves saved by :meth:`state_dict` (from any device) and rebuild the tree."""
+        if int(state["capacity"]) != self.capacity:
+            raise ValueError(f"capacity mismatch: saved {state['capacity']}, tree has {self.capacity}")
+        leaves = torch.as_tensor(state["leaves"], dtype=torch.float64)
+        if leaves.shape != (self.capacity,):
+            raise ValueError(f"leaves must have shape ({self.capacity},), got {tuple(leaves.shape)}")
+        self._min, self._argmin = math.inf, -1
+        self.update_range(0, leaves)
+
+    def _refresh_top(self) -> None:
+        top = self._sums[0]
+        torch.cumsum(top, 0, out=self._top_cumsum)
+        torch.sub(self._top_cumsum, top, out=self._top_before)
+
+    def _track_min(self, values: torch.Tensor, at: torch.Tensor | int) -> None:
+        """Keep the minimum positive leaf after ``values`` were written at ``at`` (indices or a start)."""
+        positive = torch.where(values > 0, values, math.inf)
+        where = int(positive.argmin())
+        new_min = float(positive[where])
+        if isinstance(at, int):
+            hit_old = at <= self._argmin < at + values.shape[0]
+            where += at
+        else:
+            hit_old = self._argmin >= 0 and bool((at == self._argmin).any())
+            where = int(at[where])
+        if hit_old and new_min > self._min:  # the old minimum may be gone: rescan
+            leaves = self.leaves
+            positive = torch.where(leaves > 0, leaves, math.inf)
+            where = int(positive.argmin())
+            new_min = float(positive[where])
+        elif new_min >= self._min and not hit_old:
+            return
+        self._min, self._argmin = new_min, (where if new_min < math.inf else -1)
+
+
+def _last_write_wins(indices: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep only the last occurrence of each index (deterministic on every device).
+
+    Sorted input (what stratified sampling returns) skips the sort.
+    """
+    if indices.numel() == 1:
+        return indices, values
+    steps = indices[1:] - indices[:-1]
+    if not bool((steps >= 0).all()):
+        order = torch.sort(indices, stable=True).indices
+        indices, values = indices.index_select(0, order), values.index_select(0, order)
+        steps = indices[1:] - indices[:-1]
+    is_last = torch.cat((steps != 0, steps.new_ones(1, dtype=torch.bool)))
+    return indices[is_last], values[is_last]

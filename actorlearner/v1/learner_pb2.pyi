@@ -1,0 +1,223 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CODEC_UNSPECIFIED: _ClassVar[Codec]
+    CODEC_MSGPACK: _ClassVar[Codec]
+    CODEC_MSGPACK_ZLIB: _ClassVar[Codec]
+CODEC_UNSPECIFIED: Codec
+CODEC_MSGPACK: Codec
+CODEC_MSGPACK_ZLIB: Codec
+
+class TensorSpec(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "low", "high")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    LOW_FIELD_NUMBER: _ClassVar[int]
+    HIGH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    low: _containers.RepeatedScalarFieldContainer[float]
+    high: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., low: _Optional[_Iterable[float]] = ..., high: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class DiscreteSpec(_message.Message):
+    __slots__ = ("n",)
+    N_FIELD_NUMBER: _ClassVar[int]
+    n: int
+    def __init__(self, n: _Optional[int] = ...) -> None: ...
+
+class ActionSpec(_message.Message):
+    __slots__ = ("discrete", "box")
+    DISCRETE_FIELD_NUMBER: _ClassVar[int]
+    BOX_FIELD_NUMBER: _ClassVar[int]
+    discrete: DiscreteSpec
+    box: TensorSpec
+    def __init__(self, discrete: _Optional[_Union[DiscreteSpec, _Mapping]] = ..., box: _Optional[_Union[TensorSpec, _Mapping]] = ...) -> None: ...
+
+class EnvSpec(_message.Message):
+    __slots__ = ("env_id", "observation", "action")
+    ENV_ID_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    env_id: str
+    observation: TensorSpec
+    action: ActionSpec
+    def __init__(self, env_id: _Optional[str] = ..., observation: _Optional[_Union[TensorSpec, _Mapping]] = ..., action: _Optional[_Union[ActionSpec, _Mapping]] = ...) -> None: ...
+
+class ActorMessage(_message.Message):
+    __slots__ = ("hello", "batch", "episode_stats")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_STATS_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    batch: TrajectoryBatch
+    episode_stats: EpisodeStats
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., batch: _Optional[_Union[TrajectoryBatch, _Mapping]] = ..., episode_stats: _Optional[_Union[EpisodeStats, _Mapping]] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("actor_id", "protocol_version", "env_spec", "algorithm", "policy_version")
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENV_SPEC_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    actor_id: str
+    protocol_version: int
+    env_spec: EnvSpec
+    algorithm: str
+    policy_version: int
+    def __init__(self, actor_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., env_spec: _Optional[_Union[EnvSpec, _Mapping]] = ..., algorithm: _Optional[str] = ..., policy_version: _Optional[int] = ...) -> None: ...
+
+class TrajectoryBatch(_message.Message):
+    __slots__ = ("seq", "policy_version", "num_transitions", "payload", "codec", "priorities")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NUM_TRANSITIONS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    PRIORITIES_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    policy_version: int
+    num_transitions: int
+    payload: bytes
+    codec: Codec
+    priorities: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, seq: _Optional[int] = ..., policy_version: _Optional[int] = ..., num_transitions: _Optional[int] = ..., payload: _Optional[bytes] = ..., codec: _Optional[_Union[Codec, str]] = ..., priorities: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class EpisodeStats(_message.Message):
+    __slots__ = ("returns", "lengths", "env_steps", "policy_version")
+    RETURNS_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    returns: _containers.RepeatedScalarFieldContainer[float]
+    lengths: _containers.RepeatedScalarFieldContainer[int]
+    env_steps: int
+    policy_version: int
+    def __init__(self, returns: _Optional[_Iterable[float]] = ..., lengths: _Optional[_Iterable[int]] = ..., env_steps: _Optional[int] = ..., policy_version: _Optional[int] = ...) -> None: ...
+
+class LearnerMessage(_message.Message):
+    __slots__ = ("welcome", "policy_update", "ack", "shutdown")
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    POLICY_UPDATE_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    welcome: Welcome
+    policy_update: PolicyUpdate
+    ack: Ack
+    shutdown: Shutdown
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., policy_update: _Optional[_Union[PolicyUpdate, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ...) -> None: ...
+
+class Settings(_message.Message):
+    __slots__ = ("n_step", "gamma", "batch_size", "max_unacked", "codec", "actor_priorities", "epsilon_base", "epsilon_alpha", "num_actors", "actor_index", "max_message_bytes")
+    N_STEP_FIELD_NUMBER: _ClassVar[int]
+    GAMMA_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_UNACKED_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_PRIORITIES_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_BASE_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_ALPHA_FIELD_NUMBER: _ClassVar[int]
+    NUM_ACTORS_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    n_step: int
+    gamma: float
+    batch_size: int
+    max_unacked: int
+    codec: Codec
+    actor_priorities: bool
+    epsilon_base: float
+    epsilon_alpha: float
+    num_actors: int
+    actor_index: int
+    max_message_bytes: int
+    def __init__(self, n_step: _Optional[int] = ..., gamma: _Optional[float] = ..., batch_size: _Optional[int] = ..., max_unacked: _Optional[int] = ..., codec: _Optional[_Union[Codec, str]] = ..., actor_priorities: _Optional[bool] = ..., epsilon_base: _Optional[float] = ..., epsilon_alpha: _Optional[float] = ..., num_actors: _Optional[int] = ..., actor_index: _Optional[int] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
+
+class Welcome(_message.Message):
+    __slots__ = ("learner_id", "policy_version", "settings")
+    LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    learner_id: str
+    policy_version: int
+    settings: Settings
+    def __init__(self, learner_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ...) -> None: ...
+
+class PolicyUpdate(_message.Message):
+    __slots__ = ("version", "chunk_index", "chunk_count", "total_bytes", "payload")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    chunk_index: int
+    chunk_count: int
+    total_bytes: int
+    payload: bytes
+    def __init__(self, version: _Optional[int] = ..., chunk_index: _Optional[int] = ..., chunk_count: _Optional[int] = ..., total_bytes: _Optional[int] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("seq", "accepted", "reason")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    accepted: bool
+    reason: str
+    def __init__(self, seq: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Shutdown(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("policy_version", "updates", "buffer_size", "inserted", "insert_rate", "sample_rate", "actors")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_SIZE_FIELD_NUMBER: _ClassVar[int]
+    INSERTED_FIELD_NUMBER: _ClassVar[int]
+    INSERT_RATE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
+    ACTORS_FIELD_NUMBER: _ClassVar[int]
+    policy_version: int
+    updates: int
+    buffer_size: int
+    inserted: int
+    insert_rate: float
+    sample_rate: float
+    actors: _containers.RepeatedCompositeFieldContainer[ActorStatus]
+    def __init__(self, policy_version: _Optional[int] = ..., updates: _Optional[int] = ..., buffer_size: _Optional[int] = ..., inserted: _Optional[int] = ..., insert_rate: _Optional[float] = ..., sample_rate: _Optional[float] = ..., actors: _Optional[_Iterable[_Union[ActorStatus, _Mapping]]] = ...) -> None: ...
+
+class ActorStatus(_message.Message):
+    __slots__ = ("actor_id", "policy_version", "lag", "batches_per_second", "last_seen_unix", "connected")
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_UNIX_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    actor_id: str
+    policy_version: int
+    lag: int
+    batches_per_second: float
+    last_seen_unix: float
+    connected: bool
+    def __init__(self, actor_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., lag: _Optional[int] = ..., batches_per_second: _Optional[float] = ..., last_seen_unix: _Optional[float] = ..., connected: _Optional[bool] = ...) -> None: ...
