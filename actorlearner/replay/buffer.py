@@ -55,7 +55,7 @@ class PrioritizedReplay:
         beta_steps: int = 100_000,
         eps: float = 1e-6,
         device: str | torch.device = "cpu",
-        branching: int = 32,
+        branching: int = 16,
     ):
         if not fields:
             raise ValueError("fields must name at least one field")
@@ -140,12 +140,13 @@ class PrioritizedReplay:
             raise ValueError(f"batch_size {batch_size} is larger than the {len(self)} items stored")
         if min_policy_version is not None:
             self._evict_older_than(int(min_policy_version))
+        beta = self.beta
         self._sample_calls += 1
 
         if self._tree.total() > 0:
             slots = self._tree.sample(batch_size)
             leaf = self._tree.leaves.index_select(0, slots)
-            weights = leaf.div_(self._tree.min_positive()).pow_(-self.beta).float()
+            weights = leaf.div_(self._tree.min_positive()).pow_(-beta).float()
         else:  # every eligible priority is zero: uniform over eligible items
             slots = self._uniform_eligible(batch_size)
             weights = torch.ones(batch_size, dtype=torch.float32, device=self.device)

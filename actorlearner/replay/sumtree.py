@@ -2,7 +2,7 @@
 
 The leaves sit ``height`` K-ary levels below a flat top level of at most ``max_top``
 nodes. Sampling finds the top node with one binary search over the top's prefix sums,
-then descends one vectorized step per level; with K = 32 and a million leaves that is
+then descends one vectorized step per level; with K = 16 and a million leaves that is
 one search and two steps, a handful of torch calls for the whole batch on any device,
 never a Python loop over items.
 
@@ -29,7 +29,7 @@ class SumTree:
     must be finite and non-negative: validating them is the caller's job.
     """
 
-    def __init__(self, capacity: int, branching: int = 32, device: str | torch.device = "cpu",
+    def __init__(self, capacity: int, branching: int = 16, device: str | torch.device = "cpu",
                  max_top: int = 4096):
         if capacity < 1 or branching < 2 or max_top < 1:
             raise ValueError(f"need capacity >= 1, branching >= 2, max_top >= 1; got "

@@ -1,0 +1,1 @@
+"""Learner side: the gRPC service, the training loop, checkpoints and evaluation."""
