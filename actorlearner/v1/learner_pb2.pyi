@@ -31,10 +31,12 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., low: _Optional[_Iterable[float]] = ..., high: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class DiscreteSpec(_message.Message):
-    __slots__ = ("n",)
+    __slots__ = ("n", "start")
     N_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
     n: int
-    def __init__(self, n: _Optional[int] = ...) -> None: ...
+    start: int
+    def __init__(self, n: _Optional[int] = ..., start: _Optional[int] = ...) -> None: ...
 
 class ActionSpec(_message.Message):
     __slots__ = ("discrete", "box")
@@ -189,7 +191,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("policy_version", "updates", "buffer_size", "inserted", "insert_rate", "sample_rate", "actors")
+    __slots__ = ("policy_version", "updates", "buffer_size", "inserted", "insert_rate", "sample_rate", "actors", "env_steps", "evaluations", "eval_mean_return", "eval_best_return", "learner_id")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     UPDATES_FIELD_NUMBER: _ClassVar[int]
     BUFFER_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +199,11 @@ class StatusResponse(_message.Message):
     INSERT_RATE_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
     ACTORS_FIELD_NUMBER: _ClassVar[int]
+    ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
+    EVALUATIONS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_MEAN_RETURN_FIELD_NUMBER: _ClassVar[int]
+    EVAL_BEST_RETURN_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     updates: int
     buffer_size: int
@@ -204,7 +211,12 @@ class StatusResponse(_message.Message):
     insert_rate: float
     sample_rate: float
     actors: _containers.RepeatedCompositeFieldContainer[ActorStatus]
-    def __init__(self, policy_version: _Optional[int] = ..., updates: _Optional[int] = ..., buffer_size: _Optional[int] = ..., inserted: _Optional[int] = ..., insert_rate: _Optional[float] = ..., sample_rate: _Optional[float] = ..., actors: _Optional[_Iterable[_Union[ActorStatus, _Mapping]]] = ...) -> None: ...
+    env_steps: int
+    evaluations: int
+    eval_mean_return: float
+    eval_best_return: float
+    learner_id: str
+    def __init__(self, policy_version: _Optional[int] = ..., updates: _Optional[int] = ..., buffer_size: _Optional[int] = ..., inserted: _Optional[int] = ..., insert_rate: _Optional[float] = ..., sample_rate: _Optional[float] = ..., actors: _Optional[_Iterable[_Union[ActorStatus, _Mapping]]] = ..., env_steps: _Optional[int] = ..., evaluations: _Optional[int] = ..., eval_mean_return: _Optional[float] = ..., eval_best_return: _Optional[float] = ..., learner_id: _Optional[str] = ...) -> None: ...
 
 class ActorStatus(_message.Message):
     __slots__ = ("actor_id", "policy_version", "lag", "batches_per_second", "last_seen_unix", "connected")

@@ -1,0 +1,289 @@
+"""Dataclass configs: one source for CLI flags, TOML files and ``ACTORLEARNER_*`` env vars.
+
+Each field's docstring (the string literal under it) is its help text. A nested dataclass
+field becomes a group of options with its name as prefix (``--dqn-lr``,
+``ACTORLEARNER_DQN_LR``, TOML table ``[dqn]``) unless it is marked ``flatten``.
+Precedence: command-line flag, then environment variable, then TOML file, then default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import os
+import textwrap
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from actorlearner.algorithms.dqn import DQNConfig
+
+ENV_PREFIX = "ACTORLEARNER_"
+
+
+@dataclass
+class LearnerConfig:
+    """The learner server: replay, training, weight broadcast, checkpoints, evaluation."""
+
+    env: str = "CartPole-v1"
+    """Environment the actors must run (a gymnasium id)."""
+    host: str = "127.0.0.1"
+    """Address to listen on. Binding anything but loopback exposes the learner."""
+    port: int = 50051
+    """gRPC port; 0 picks a free one and prints it."""
+    algorithm: str = "dqn"
+    """Learning algorithm (actors must run the same)."""
+    seed: int = 0
+    """Seeds networks, sampling and evaluation."""
+    device: str = "auto"
+    """Torch device for the replay buffer and training; "auto" is cuda when available."""
+    replay_capacity: int = 100_000
+    """Transitions the prioritized replay buffer holds."""
+    batch_size: int = 128
+    """Transitions per training update."""
+    alpha: float = 0.6
+    """Priority exponent: 0 samples uniformly, 1 fully proportionally."""
+    beta: float = 0.4
+    """Initial importance-sampling exponent, annealed to 1 over beta_steps updates."""
+    beta_steps: int = 50_000
+    """Updates over which beta anneals to 1."""
+    min_replay_size: int = 2_000
+    """Transitions stored before training starts."""
+    samples_per_insert: float = 8.0
+    """Target ratio of sampled to inserted transitions; inserts wait (backpressure) above it."""
+    rate_error_buffer: float = 50_000.0
+    """Slack around samples_per_insert, in sampled transitions, before either side waits."""
+    publish_every: int = 20
+    """Training updates between published policy versions."""
+    max_policy_lag: int = 0
+    """Train only on transitions from at most this many versions ago; 0 disables the bound."""
+    actor_batch_size: int = 64
+    """Transitions per batch an actor streams."""
+    max_unacked: int = 8
+    """Batches an actor may have in flight without an ack."""
+    codec: str = "msgpack"
+    """Payload codec actors use: msgpack or msgpack+zlib."""
+    actor_priorities: bool = True
+    """Actors compute initial priorities (Ape-X); otherwise new items get the max priority."""
+    epsilon_base: float = 0.4
+    """Ape-X exploration: actor i of N uses epsilon_base ** (1 + epsilon_alpha * i / (N - 1))."""
+    epsilon_alpha: float = 7.0
+    """Ape-X exploration exponent (see epsilon_base)."""
+    num_actors: int = 2
+    """Actors expected; spreads the Ape-X epsilons over this many indices."""
+    max_message_bytes: int = 16 * 1024 * 1024
+    """Largest gRPC message accepted or sent."""
+    chunk_bytes: int = 4 * 1024 * 1024
+    """Policy updates larger than this are split into chunks."""
+    checkpoint_dir: str = ""
+    """Directory for checkpoints; empty disables them."""
+    checkpoint_every: float = 60.0
+    """Seconds between periodic checkpoints."""
+    checkpoint_replay: bool = True
+    """Include the replay buffer in checkpoints."""
+    keep_checkpoints: int = 3
+    """Checkpoints kept on disk."""
+    eval_every: float = 10.0
+    """Seconds between greedy evaluations on the learner; 0 disables them."""
+    eval_episodes: int = 20
+    """Episodes per evaluation."""
+    eval_envs: int = 10
+    """Environments the evaluation episodes are spread over."""
+    logdir: str = ""
+    """TensorBoard log directory; empty disables logging."""
+    torch_threads: int = 1
+    """Torch intra-op threads (keep small: actors share the cores)."""
+    dqn: DQNConfig = field(default_factory=DQNConfig)
+    """Ape-X DQN hyperparameters."""
+
+
+@dataclass
+class ActorConfig:
+    """An actor process: env loop, local policy, streaming client."""
+
+    learner: str = "127.0.0.1:50051"
+    """Learner address HOST:PORT."""
+    env: str = "CartPole-v1"
+    """Environment to run (a gymnasium id)."""
+    actor_id: str = ""
+    """Stable id across reconnects; default HOSTNAME-PID."""
+    num_envs: int = 4
+    """Environments in this actor's vector env."""
+    vector_mode: str = "sync"
+    """Vector env: sync (one process) or async (a subprocess per env)."""
+    seed: int = 0
+    """Seeds the envs and exploration."""
+    stats_every: float = 1.0
+    """Seconds between episode statistics reports."""
+    reconnect_initial: float = 0.1
+    """First reconnect delay in seconds; doubles with jitter up to reconnect_max."""
+    reconnect_max: float = 5.0
+    """Longest reconnect delay in seconds."""
+    max_message_bytes: int = 64 * 1024 * 1024
+    """Largest gRPC message accepted."""
+    torch_threads: int = 1
+    """Torch intra-op threads."""
+
+
+@dataclass
+class RunConfig:
+    """One machine: a learner and N actor processes on loopback until solved or out of time."""
+
+    actors: int = 2
+    """Actor processes to start."""
+    target_return: float = 475.0
+    """Stop once the evaluated mean return reaches this."""
+    max_seconds: float = 600.0
+    """Stop (unsolved) after this long."""
+    num_envs: int = 4
+    """Environments per actor."""
+    learner: LearnerConfig = field(default_factory=LearnerConfig, metadata={"flatten": True})
+    """Learner settings."""
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Docstrings written under each field of a dataclass."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+
+
+@dataclass(frozen=True)
+class Option:
+    """One leaf setting: where it lives in the nested config and how it is spelled."""
+
+    path: tuple[str, ...]
+    flag: str
+    env_var: str
+    kind: Any
+    default: Any
+    help: str
+
+
+def options(cls: type, prefix: str = "", path: tuple[str, ...] = ()) -> list[Option]:
+    """Every leaf option of a config class, nested ones included."""
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(kind):
+            sub = prefix if f.metadata.get("flatten") else f"{prefix}{f.name}-"
+            out += options(kind, sub, path + (f.name,))
+            continue
+        name = f"{prefix}{f.name}".replace("_", "-")
+        out.append(Option(path + (f.name,), f"--{name}", ENV_PREFIX + name.replace("-", "_").upper(),
+                          kind, default, docs.get(f.name, "")))
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Add ``--config`` and one flag per option of ``cls`` (defaults left to :func:`build`)."""
+    parser.add_argument("--config", help="TOML file with settings (flags and env vars override it)")
+    for opt in options(cls):
+        parser.add_argument(opt.flag, dest=_dest(opt), default=None, metavar=_metavar(opt.kind),
+                            help=f"{opt.help} [default: {_show(opt.default)}; env {opt.env_var}]")
+
+
+def build(cls: type, args: argparse.Namespace | None = None, environ: typing.Mapping[str, str] | None = None):
+    """Make a ``cls`` from flags, env vars and the TOML file named by ``--config``."""
+    environ = os.environ if environ is None else environ
+    table: dict = {}
+    if args is not None and getattr(args, "config", None):
+        with open(args.config, "rb") as fh:
+            table = tomllib.load(fh)
+    values: dict[tuple[str, ...], Any] = {}
+    for opt in options(cls):
+        raw = getattr(args, _dest(opt), None) if args is not None else None
+        source = opt.flag
+        if raw is None and opt.env_var in environ:
+            raw, source = environ[opt.env_var], opt.env_var
+        if raw is None:
+            raw, source = _lookup(table, opt.path, cls), f"{args.config if args else ''}:{'.'.join(opt.path)}"
+        if raw is not None:
+            values[opt.path] = _parse(raw, opt.kind, source)
+    return _assemble(cls, values, ())
+
+
+def _assemble(cls: type, values: dict, path: tuple[str, ...]):
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            kwargs[f.name] = _assemble(hints[f.name], values, path + (f.name,))
+        elif path + (f.name,) in values:
+            kwargs[f.name] = values[path + (f.name,)]
+    return cls(**kwargs)
+
+
+def _lookup(table: dict, path: tuple[str, ...], cls: type):
+    """Find a value in a TOML table; flattened groups read from the enclosing table."""
+    node: Any = table
+    for i, part in enumerate(path):
+        if i < len(path) - 1 and _is_flattened(cls, path[: i + 1]):
+            continue
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _is_flattened(cls: type, path: tuple[str, ...]) -> bool:
+    for part in path:
+        f = {f.name: f for f in dataclasses.fields(cls)}[part]
+        cls = typing.get_type_hints(cls)[part]
+    return bool(f.metadata.get("flatten"))
+
+
+def _parse(raw: Any, kind: Any, source: str) -> Any:
+    """Convert a flag, env var or TOML value to the field's type; name the source on error."""
+    try:
+        if typing.get_origin(kind) is tuple:
+            (item, _) = typing.get_args(kind)
+            parts = raw if isinstance(raw, (list, tuple)) else [p for p in str(raw).split(",") if p.strip()]
+            return tuple(item(p) for p in parts)
+        if kind is bool:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"not a boolean: {raw!r}")
+        return kind(raw)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{source}: {exc}") from None
+
+
+def _dest(opt: Option) -> str:
+    return opt.flag[2:].replace("-", "_")
+
+
+def _metavar(kind: Any) -> str:
+    if typing.get_origin(kind) is tuple:
+        return "N,N,..."
+    return {int: "N", float: "X", bool: "BOOL", str: "TEXT"}.get(kind, "VALUE")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def markdown_table(cls: type) -> str:
+    """The options of ``cls`` as a Markdown table, for the README."""
+    rows = ["| flag | env var | default | meaning |", "|---|---|---|---|"]
+    for opt in options(cls):
+        rows.append(f"| `{opt.flag}` | `{opt.env_var}` | `{_show(opt.default)}` | {opt.help} |")
+    return "\n".join(rows)

@@ -1,0 +1,431 @@
+"""Crash-safe checkpoints on disk in the project's own tensor format; never pickle.
+
+A checkpoint is a directory ``ckpt-<step:012d>/`` holding one file per part (e.g.
+``algorithm.part``, ``replay.part``, ``learner.part``) plus ``manifest.json`` with each
+file's size and sha256. It is written into a temporary directory, fsynced and renamed
+into place, so a crash leaves either the whole checkpoint or none of it. Loading walks
+back from the newest checkpoint, skipping (with a warning) any that is incomplete or
+corrupt. The ``best/`` slot keeps the policy of the best evaluation the same way.
+
+A part file is::
+
+    MAGIC (8 bytes) | header length (uint64 LE) | msgpack header | raw tensor data
+
+The header is ``{"values": {name: plain}, "tensors": [{"name", "dtype", "shape"}, ...]}``
+where plain values are None, bool, int, float, str and lists / str-keyed maps of them,
+and each tensor's ``dtype``/``shape`` and raw little-endian bytes are exactly the array
+encoding of ``wire`` (``encode_array``/``decode_array``), stored out of line so tensors
+stream to and from disk without a second in-memory copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import struct
+import sys
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import torch
+from torch import Tensor
+
+from actorlearner import wire
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"ALCKPT1\n"
+"""First bytes of every part file: format name and version."""
+
+FORMAT_VERSION = 1
+"""Version of the manifest and part layout."""
+
+MANIFEST = "manifest.json"
+PART_SUFFIX = ".part"
+MAX_HEADER_BYTES = 64 * 2**20
+"""Cap on a part's msgpack header (names, shapes and plain values; tensors live outside)."""
+
+_LENGTH = struct.Struct("<Q")
+_CKPT_RE = re.compile(r"ckpt-(\d{12,})")
+_PART_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_READ_CHUNK = 1 << 20
+
+PartState = Mapping[str, Any]
+"""A part: name -> tensor or plain value (None, bool, int, float, str, lists, str-keyed maps)."""
+
+
+class CheckpointError(Exception):
+    """A checkpoint or part file that cannot be used; the message says why."""
+
+
+# --------------------------------------------------------------------------- part files
+
+
+def _plain(value: Any, where: str) -> Any:
+    """``value`` as msgpack-safe plain data, or TypeError naming ``where``."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, Mapping):
+        if not all(isinstance(k, str) for k in value):
+            raise TypeError(f"{where}: map keys must be strings")
+        return {k: _plain(v, f"{where}.{k}") for k, v in value.items()}
+    raise TypeError(f"{where}: cannot checkpoint a {type(value).__name__}")
+
+
+def _checked_plain(value: Any, where: str) -> Any:
+    """Validate a decoded header value (rejects msgpack extension types)."""
+    try:
+        return _plain(value, where)
+    except TypeError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def _wire_dtype(tensor: Tensor, where: str) -> str:
+    """The wire dtype name of ``tensor`` (torch.float32 -> "float32"), if it is allowed."""
+    name = str(tensor.dtype).removeprefix("torch.")
+    if name not in wire.DTYPES:
+        raise TypeError(f"{where}: dtype {tensor.dtype} cannot be checkpointed")
+    return name
+
+
+def write_part(path: str | os.PathLike[str], state: PartState) -> tuple[int, str]:
+    """Write ``state`` to a new file at ``path`` and fsync it; returns (bytes, sha256 hex).
+
+    Tensors are written one at a time straight from their memory (CUDA tensors are
+    copied to the host one at a time), so nothing large is held twice.
+    """
+    values: dict[str, Any] = {}
+    tensors: list[tuple[str, Tensor]] = []
+    entries: list[dict[str, Any]] = []
+    for key, value in state.items():
+        if not isinstance(key, str):
+            raise TypeError(f"part keys must be strings, got {key!r}")
+        if isinstance(value, Tensor):
+            entries.append({"name": key, "dtype": _wire_dtype(value, key), "shape": list(value.shape)})
+            tensors.append((key, value))
+        else:
+            values[key] = _plain(value, key)
+    header = msgpack.packb({"values": values, "tensors": entries}, use_bin_type=True)
+    if len(header) > MAX_HEADER_BYTES:
+        raise ValueError(f"part header is {len(header)} bytes, over {MAX_HEADER_BYTES}; "
+                         "store large data as tensors")
+    digest = hashlib.sha256()
+    with open(path, "xb") as f:
+        for chunk in (MAGIC, _LENGTH.pack(len(header)), header):
+            f.write(chunk)
+            digest.update(chunk)
+        for key, tensor in tensors:
+            data = wire.encode_array(tensor.detach().cpu().contiguous().numpy())["data"]
+            f.write(data)
+            digest.update(data)
+            del data
+        f.flush()
+        os.fsync(f.fileno())
+        size = f.tell()
+    return size, digest.hexdigest()
+
+
+def _tensor_nbytes(entry: Any, max_bytes: int | None) -> int:
+    """Byte length of a header tensor entry, validated before anything is allocated."""
+    if not isinstance(entry, dict) or entry.keys() != {"name", "dtype", "shape"}:
+        raise CheckpointError(f"malformed tensor entry {entry!r:.200}")
+    name, dtype, shape = entry["name"], entry["dtype"], entry["shape"]
+    if not isinstance(name, str) or dtype not in wire.DTYPES:
+        raise CheckpointError(f"tensor {name!r:.100} has an unknown dtype {dtype!r:.50}")
+    if (not isinstance(shape, list) or len(shape) > wire.MAX_RANK
+            or not all(type(d) is int and d >= 0 for d in shape)):
+        raise CheckpointError(f"tensor {name!r} has an invalid shape {shape!r:.200}")
+    nbytes = math.prod(shape) * wire.DTYPES[dtype].itemsize
+    if max_bytes is not None and nbytes > max_bytes:
+        raise CheckpointError(f"tensor {name!r} is {nbytes} bytes, over the cap of {max_bytes}")
+    return nbytes
+
+
+def read_part(path: str | os.PathLike[str], max_bytes: int | None = None) -> tuple[dict[str, Any], str]:
+    """A part file's state (writable CPU tensors and plain values) and the file's sha256 hex.
+
+    Every length is checked against the file size before allocating, and tensor bytes
+    are read straight into their final buffer. ``max_bytes`` optionally caps each tensor.
+    Anything malformed (bad magic, e.g. a pickle; truncation; trailing bytes) raises
+    CheckpointError.
+    """
+    path = Path(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        remaining = os.fstat(f.fileno()).st_size
+
+        def take(n: int, what: str) -> bytes:
+            nonlocal remaining
+            if n > remaining:
+                raise CheckpointError(f"{path.name} is truncated in its {what}")
+            data = f.read(n)
+            if len(data) != n:
+                raise CheckpointError(f"{path.name} is truncated in its {what}")
+            remaining -= n
+            digest.update(data)
+            return data
+
+        if take(len(MAGIC), "magic") != MAGIC:
+            raise CheckpointError(f"{path.name} is not an actorlearner part file (bad magic)")
+        (header_len,) = _LENGTH.unpack(take(_LENGTH.size, "header length"))
+        if header_len > MAX_HEADER_BYTES:
+            raise CheckpointError(f"{path.name} declares a {header_len}-byte header, over the cap")
+        try:
+            header = msgpack.unpackb(take(header_len, "header"), raw=False, strict_map_key=True)
+        except CheckpointError:
+            raise
+        except Exception as e:  # msgpack raises many types on garbage.
+            raise CheckpointError(f"{path.name} has an invalid header: {type(e).__name__}: {e}"[:300]) from None
+        if not isinstance(header, dict) or header.keys() != {"values", "tensors"}:
+            raise CheckpointError(f"{path.name} has an invalid header")
+        values, entries = header["values"], header["tensors"]
+        if not isinstance(values, dict) or not isinstance(entries, list):
+            raise CheckpointError(f"{path.name} has an invalid header")
+        out: dict[str, Any] = {k: _checked_plain(v, k) for k, v in values.items()}
+        for entry in entries:
+            nbytes = _tensor_nbytes(entry, max_bytes)
+            name = entry["name"]
+            if name in out:
+                raise CheckpointError(f"{path.name} holds {name!r} twice")
+            if nbytes > remaining:
+                raise CheckpointError(f"{path.name} is truncated in tensor {name!r}")
+            buffer = bytearray(nbytes)
+            view = memoryview(buffer)
+            filled = 0
+            while filled < nbytes:
+                n = f.readinto(view[filled:])
+                if not n:
+                    raise CheckpointError(f"{path.name} is truncated in tensor {name!r}")
+                filled += n
+            remaining -= nbytes
+            digest.update(view)
+            del view
+            try:
+                array = wire.decode_array(
+                    {"dtype": entry["dtype"], "shape": entry["shape"], "data": buffer},
+                    max_bytes=sys.maxsize, writable=True,  # Sizes were checked above.
+                )
+            except wire.WireError as e:
+                raise CheckpointError(f"{path.name}: tensor {name!r}: {e}") from None
+            out[name] = torch.from_numpy(array)
+        if remaining:
+            raise CheckpointError(f"{path.name} has {remaining} unexpected trailing bytes")
+    return out, digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- directories
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a directory's entries (new files, renames) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _checkpoint_dirs(parent: Path) -> list[tuple[int, Path]]:
+    """``(number, path)`` of every ``ckpt-<n>`` directory under ``parent``, oldest first."""
+    if not parent.is_dir():
+        return []
+    found = []
+    for entry in parent.iterdir():
+        match = _CKPT_RE.fullmatch(entry.name)
+        if match and entry.is_dir():
+            found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def _write_checkpoint(final: Path, parts: Mapping[str, PartState], meta: dict[str, Any]) -> Path:
+    """Write ``parts`` and a manifest into a temp dir, fsync, then rename it to ``final``."""
+    for name in parts:
+        if not isinstance(name, str) or not _PART_NAME_RE.fullmatch(name):
+            raise ValueError(f"invalid part name {name!r}: use letters, digits, '_', '.', '-'")
+    token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    temp = final.parent / f".tmp-{final.name}-{token}"
+    trash = final.parent / f".trash-{final.name}-{token}"
+    temp.mkdir(parents=True)
+    try:
+        files = {}
+        for name, state in parts.items():
+            filename = name + PART_SUFFIX
+            size, sha256 = write_part(temp / filename, state)
+            files[name] = {"file": filename, "bytes": size, "sha256": sha256}
+        manifest = {"format": FORMAT_VERSION, **meta, "created_unix": time.time(), "parts": files}
+        with open(temp / MANIFEST, "x", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(temp)
+        if final.exists():  # Same step saved again: swap the old one out, then drop it.
+            final.rename(trash)
+        temp.rename(final)
+        _fsync_dir(final.parent)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        if trash.exists() and not final.exists():
+            trash.rename(final)
+        raise
+    shutil.rmtree(trash, ignore_errors=True)
+    return final
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of checkpoint directory ``path``, structurally checked."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError("manifest.json is missing (incomplete checkpoint)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"manifest.json is unreadable: {e}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"manifest.json has an unknown format "
+                              f"{manifest.get('format') if isinstance(manifest, dict) else None!r}")
+    parts = manifest.get("parts")
+    if not isinstance(parts, dict):
+        raise CheckpointError("manifest.json lists no parts")
+    for name, info in parts.items():
+        if (not _PART_NAME_RE.fullmatch(name) or not isinstance(info, dict)
+                or info.get("file") != name + PART_SUFFIX
+                or type(info.get("bytes")) is not int or not isinstance(info.get("sha256"), str)):
+            raise CheckpointError(f"manifest.json has an invalid entry for part {name!r:.100}")
+    return manifest
+
+
+def _load_checkpoint(path: Path, max_bytes: int | None) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """(manifest, parts) of checkpoint ``path``, every file's size and sha256 verified."""
+    manifest = _read_manifest(path)
+    files = manifest["parts"]
+    for name, info in files.items():  # Cheap size check of every file before reading any.
+        try:
+            size = (path / info["file"]).stat().st_size
+        except FileNotFoundError:
+            raise CheckpointError(f"part file {info['file']} is missing") from None
+        if size != info["bytes"]:
+            raise CheckpointError(f"part file {info['file']} is {size} bytes, manifest says "
+                                  f"{info['bytes']} (truncated or overwritten)")
+    parts = {}
+    for name, info in files.items():
+        state, sha256 = read_part(path / info["file"], max_bytes)
+        if sha256 != info["sha256"]:
+            raise CheckpointError(f"part file {info['file']} fails its sha256 checksum")
+        parts[name] = state
+    return manifest, parts
+
+
+class CheckpointStore:
+    """Numbered checkpoints under ``directory`` (the last ``keep`` kept) and a ``best/`` slot.
+
+    One writer per directory: temp directories left by a crash are removed on open.
+    ``max_part_bytes`` optionally caps each stored tensor; by default only the file size
+    bounds what is allocated, so a 1M-item replay buffer loads.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], keep: int = 3, *,
+                 max_part_bytes: int | None = None) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        self.directory = Path(directory)
+        self.best_directory = self.directory / "best"
+        self.keep = keep
+        self.max_part_bytes = max_part_bytes
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._best_score: float | None = None
+        self._best_known = False
+        for parent in (self.directory, self.best_directory):
+            if parent.is_dir():
+                for entry in parent.iterdir():
+                    original = parent / entry.name.removeprefix(".trash-").rsplit("-", 2)[0]
+                    if entry.name.startswith(".trash-") and not original.exists():
+                        entry.rename(original)  # Crashed mid-swap: the old copy is all there is.
+                    elif entry.name.startswith((".tmp-", ".trash-")):
+                        shutil.rmtree(entry, ignore_errors=True)
+
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """``(step, path)`` of every checkpoint directory, oldest first, valid or not."""
+        return _checkpoint_dirs(self.directory)
+
+    def save(self, step: int, parts: Mapping[str, PartState]) -> Path:
+        """Durably write checkpoint ``step`` (one file per part), then prune to the last ``keep``."""
+        if type(step) is not int or step < 0:
+            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        path = _write_checkpoint(self.directory / f"ckpt-{step:012d}", parts, {"step": step})
+        for _, old in self.checkpoints()[:-self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return path
+
+    def load(self, path: str | os.PathLike[str]) -> tuple[int, dict[str, dict[str, Any]]]:
+        """``(step, parts)`` of one checkpoint directory; CheckpointError if it is unusable."""
+        path = Path(path)
+        manifest, parts = _load_checkpoint(path, self.max_part_bytes)
+        match = _CKPT_RE.fullmatch(path.name)
+        if match is None or manifest.get("step") != int(match.group(1)):
+            raise CheckpointError(f"manifest step {manifest.get('step')!r} does not match {path.name}")
+        return manifest["step"], parts
+
+    def load_latest(self) -> tuple[int, dict[str, dict[str, Any]]] | None:
+        """The newest usable checkpoint as ``(step, parts)``; broken ones are skipped with a warning."""
+        for _, path in reversed(self.checkpoints()):
+            try:
+                return self.load(path)
+            except (CheckpointError, OSError) as e:
+                logger.warning("skipping checkpoint %s: %s", path, e)
+        return None
+
+    # -- best ------------------------------------------------------------------------------
+
+    @property
+    def best_score(self) -> float | None:
+        """Score of the stored best policy, or None when there is none."""
+        if not self._best_known:
+            best = self.load_best()
+            self._best_score = None if best is None else best[0]
+            self._best_known = True
+        return self._best_score
+
+    def save_best(self, parts: Mapping[str, PartState], score: float, *, step: int | None = None) -> bool:
+        """Keep ``parts`` under ``best/`` if ``score`` beats the stored best; True if it did."""
+        score = float(score)
+        if not math.isfinite(score):
+            raise ValueError(f"score must be finite, got {score}")
+        current = self.best_score
+        if current is not None and score <= current:
+            return False
+        existing = _checkpoint_dirs(self.best_directory)
+        number = existing[-1][0] + 1 if existing else 0
+        self.best_directory.mkdir(exist_ok=True)
+        _write_checkpoint(self.best_directory / f"ckpt-{number:012d}", parts,
+                          {"score": score, "step": step})
+        for _, old in existing:
+            shutil.rmtree(old, ignore_errors=True)
+        self._best_score, self._best_known = score, True
+        return True
+
+    def load_best(self) -> tuple[float, dict[str, dict[str, Any]]] | None:
+        """``(score, parts)`` of the best policy, or None; broken ones are skipped with a warning."""
+        for _, path in reversed(_checkpoint_dirs(self.best_directory)):
+            try:
+                manifest, parts = _load_checkpoint(path, self.max_part_bytes)
+                score = manifest.get("score")
+                if not isinstance(score, (int, float)) or isinstance(score, bool):
+                    raise CheckpointError(f"manifest score {score!r} is not a number")
+                return float(score), parts
+            except (CheckpointError, OSError) as e:
+                logger.warning("skipping best checkpoint %s: %s", path, e)
+        return None

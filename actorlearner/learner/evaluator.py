@@ -1,0 +1,94 @@
+"""Greedy policy evaluation over several environments, spread evenly and seeded.
+
+Each env runs its fixed share of the episodes (``episodes // num_envs``, the first
+``episodes % num_envs`` envs one more) and then stops, so envs with short episodes do
+not fill the sample with their episodes; with a fixed seed and a deterministic policy
+the result is the same every time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Statistics of the undiscounted returns of ``episodes`` evaluation episodes."""
+
+    mean: float
+    std: float
+    """Population standard deviation (ddof=0)."""
+    min: float
+    max: float
+    episodes: int
+    lengths: tuple[int, ...]
+    """Length in env steps of each episode, ordered by env index, then episode."""
+    returns: tuple[float, ...] = ()
+    """Return of each episode, in the same order as ``lengths``."""
+
+
+def episode_shares(episodes: int, num_envs: int) -> list[int]:
+    """Episodes each env runs: ``episodes // num_envs``, the first ``episodes % num_envs`` one more."""
+    if episodes < 1 or num_envs < 1:
+        raise ValueError(f"need episodes >= 1 and num_envs >= 1, got {episodes} and {num_envs}")
+    base, extra = divmod(episodes, num_envs)
+    return [base + (i < extra) for i in range(num_envs)]
+
+
+def evaluate(
+    policy_act: Callable[[np.ndarray], np.ndarray],
+    make_env: Callable[[], gym.Env],
+    episodes: int,
+    num_envs: int,
+    seed: int,
+) -> EvalResult:
+    """Run ``episodes`` greedy episodes over ``num_envs`` envs and summarize their returns.
+
+    ``policy_act`` maps a batch of observations ``[k, *obs_shape]`` (the envs still
+    running) to actions ``[k]``. Env ``i`` is reset with ``seed + i`` once, then continues
+    its own RNG. Envs with no share (``num_envs > episodes``) are not created.
+    """
+    shares = [s for s in episode_shares(episodes, num_envs) if s > 0]
+    envs = [make_env() for _ in shares]
+    try:
+        returns: list[list[float]] = [[] for _ in envs]
+        lengths: list[list[int]] = [[] for _ in envs]
+        obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
+        episode_return = [0.0] * len(envs)
+        episode_length = [0] * len(envs)
+        active = list(range(len(envs)))
+        while active:
+            actions = np.asarray(policy_act(np.stack([obs[i] for i in active])))
+            if actions.shape[:1] != (len(active),):
+                raise ValueError(f"policy_act returned shape {actions.shape} for {len(active)} observations")
+            still_active = []
+            for i, action in zip(active, actions):
+                obs[i], reward, terminated, truncated, _ = envs[i].step(action)
+                episode_return[i] += float(reward)
+                episode_length[i] += 1
+                if terminated or truncated:
+                    returns[i].append(episode_return[i])
+                    lengths[i].append(episode_length[i])
+                    episode_return[i], episode_length[i] = 0.0, 0
+                    if len(returns[i]) == shares[i]:
+                        continue  # This env has done its share.
+                    obs[i] = envs[i].reset()[0]
+                still_active.append(i)
+            active = still_active
+    finally:
+        for env in envs:
+            env.close()
+    flat_returns = np.array([r for per_env in returns for r in per_env], dtype=np.float64)
+    return EvalResult(
+        mean=float(flat_returns.mean()),
+        std=float(flat_returns.std()),
+        min=float(flat_returns.min()),
+        max=float(flat_returns.max()),
+        episodes=len(flat_returns),
+        lengths=tuple(n for per_env in lengths for n in per_env),
+        returns=tuple(float(r) for r in flat_returns),
+    )

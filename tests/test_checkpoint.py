@@ -1,0 +1,323 @@
+"""CheckpointStore: round trips, rotation, crash safety, corruption fallback, no pickle."""
+
+import hashlib
+import json
+import logging
+import pickle
+import tracemalloc
+
+import gymnasium as gym
+import msgpack
+import numpy as np
+import pytest
+import torch
+
+from actorlearner.algorithms.dqn import DQN
+from actorlearner.learner.checkpoint import (
+    MAGIC, CheckpointError, CheckpointStore, read_part, write_part,
+)
+
+
+def sample_parts(step: int = 0) -> dict[str, dict]:
+    """Parts with tensors of several dtypes and plain values, varying with ``step``."""
+    g = torch.Generator().manual_seed(step)
+    return {
+        "algorithm": {
+            "online.weight": torch.randn(4, 3, generator=g),
+            "online.bias": torch.randn(3, generator=g, dtype=torch.float64),
+            "half": torch.randn(5, generator=g).half(),
+            "num_updates": 1000 + step,
+            "lr": 5e-4,
+        },
+        "replay": {
+            "obs": torch.randint(0, 256, (6, 2, 2), generator=g, dtype=torch.uint8),
+            "keys": torch.arange(6, dtype=torch.int64) + step,
+            "versions": torch.arange(6, dtype=torch.int32),
+            "small": torch.tensor([-3, 4], dtype=torch.int8),
+            "done": torch.tensor([True, False, True]),
+            "empty": torch.zeros(0, 3),
+            "scalar": torch.tensor(2.5),
+            "max_priority": 1.75,
+            "capacity": 1_000_000,
+        },
+        "learner": {
+            "learner_id": "abc",
+            "policy_version": 7 + step,
+            "seq_table": {"actor-0": 12, "actor-1": 3},
+            "resumed": False,
+            "note": None,
+            "history": [1, 2.5, "x"],
+        },
+    }
+
+
+def assert_parts_equal(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for part, state in want.items():
+        assert got[part].keys() == state.keys(), part
+        for key, value in state.items():
+            loaded = got[part][key]
+            if isinstance(value, torch.Tensor):
+                assert isinstance(loaded, torch.Tensor), key
+                assert loaded.dtype == value.dtype and loaded.shape == value.shape, key
+                assert torch.equal(loaded, value), key
+            else:
+                assert type(loaded) is type(value) and loaded == value, key
+
+
+def test_round_trip_keeps_dtypes_shapes_and_plain_values(tmp_path):
+    store = CheckpointStore(tmp_path)
+    parts = sample_parts(3)
+    path = store.save(3, parts)
+    assert path == tmp_path / "ckpt-000000000003"
+    assert sorted(p.name for p in path.iterdir()) == [
+        "algorithm.part", "learner.part", "manifest.json", "replay.part"]
+
+    step, loaded = store.load_latest()
+    assert step == 3
+    assert_parts_equal(loaded, parts)
+    weight = loaded["algorithm"]["online.weight"]
+    weight += 1  # Loaded tensors are ordinary writable CPU tensors.
+    assert not torch.equal(weight, parts["algorithm"]["online.weight"])
+
+
+def test_non_contiguous_and_unsigned_tensors_round_trip(tmp_path):
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    state = {"t": base.t(), "u16": torch.tensor([1, 65535], dtype=torch.uint16),
+             "u32": torch.tensor([7, 2**32 - 1], dtype=torch.uint32)}
+    write_part(tmp_path / "x.part", state)
+    loaded, _ = read_part(tmp_path / "x.part")
+    assert torch.equal(loaded["t"], base.t())
+    assert torch.equal(loaded["u16"].to(torch.int64), torch.tensor([1, 65535]))
+    assert torch.equal(loaded["u32"].to(torch.int64), torch.tensor([7, 2**32 - 1]))
+
+
+def test_dqn_state_dict_restores_the_same_network(tmp_path):
+    obs_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    agent = DQN(obs_space, gym.spaces.Discrete(2))
+    CheckpointStore(tmp_path).save(10, {"algorithm": agent.state_dict()})
+
+    fresh = DQN(obs_space, gym.spaces.Discrete(2))
+    step, parts = CheckpointStore(tmp_path).load_latest()
+    fresh.load_state_dict(parts["algorithm"])
+    obs = np.random.default_rng(0).uniform(-1, 1, (16, 4)).astype(np.float32)
+    np.testing.assert_array_equal(fresh.act(obs, 0.0), agent.act(obs, 0.0))
+    for key, value in agent.state_dict().items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(parts["algorithm"][key], value)
+
+
+def test_unsupported_values_are_rejected_and_leave_nothing_behind(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(1, sample_parts(1))
+    with pytest.raises(TypeError, match="bad"):
+        store.save(2, {"ok": {"x": 1}, "broken": {"bad": object()}})
+    with pytest.raises(TypeError, match="bfloat16"):
+        store.save(2, {"algorithm": {"w": torch.zeros(2, dtype=torch.bfloat16)}})
+    with pytest.raises(ValueError, match="part name"):
+        store.save(2, {"../escape": {"x": 1}})
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt-000000000001"]
+    assert store.load_latest()[0] == 1
+
+
+def test_keeps_only_the_last_k(tmp_path):
+    store = CheckpointStore(tmp_path, keep=2)
+    for step in (100, 200, 300, 400):
+        store.save(step, sample_parts(step))
+    assert [step for step, _ in store.checkpoints()] == [300, 400]
+    step, parts = store.load_latest()
+    assert step == 400
+    assert_parts_equal(parts, sample_parts(400))
+
+
+def test_saving_a_step_again_replaces_it(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(5, sample_parts(1))
+    store.save(5, sample_parts(2))
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt-000000000005"]
+    assert_parts_equal(store.load_latest()[1], sample_parts(2))
+
+
+def test_steps_beyond_twelve_digits_sort_numerically(tmp_path):
+    store = CheckpointStore(tmp_path, keep=5)
+    store.save(10**12, {"p": {"x": 1}})
+    store.save(999_999_999_999, {"p": {"x": 0}})
+    assert store.load_latest() == (10**12, {"p": {"x": 1}})
+
+
+@pytest.fixture
+def two_checkpoints(tmp_path) -> tuple[CheckpointStore, dict]:
+    store = CheckpointStore(tmp_path)
+    store.save(1, sample_parts(1))
+    store.save(2, sample_parts(2))
+    return store, sample_parts(1)
+
+
+def assert_falls_back(store, previous, caplog, reason: str) -> None:
+    with caplog.at_level(logging.WARNING, logger="actorlearner.learner.checkpoint"):
+        step, parts = store.load_latest()
+    assert step == 1
+    assert_parts_equal(parts, previous)
+    [record] = [r for r in caplog.records if "skipping checkpoint" in r.getMessage()]
+    assert "ckpt-000000000002" in record.getMessage()
+    assert reason in record.getMessage()
+
+
+def test_truncated_file_falls_back_to_previous(two_checkpoints, caplog):
+    store, previous = two_checkpoints
+    path = store.directory / "ckpt-000000000002" / "replay.part"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 7])
+    assert_falls_back(store, previous, caplog, "truncated")
+
+
+def test_flipped_byte_falls_back_to_previous(two_checkpoints, caplog):
+    store, previous = two_checkpoints
+    path = store.directory / "ckpt-000000000002" / "algorithm.part"
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01  # Inside tensor data: the file still parses, only the checksum knows.
+    path.write_bytes(bytes(data))
+    assert_falls_back(store, previous, caplog, "sha256")
+
+
+def test_missing_manifest_is_skipped(two_checkpoints, caplog):
+    store, previous = two_checkpoints
+    (store.directory / "ckpt-000000000002" / "manifest.json").unlink()
+    assert_falls_back(store, previous, caplog, "manifest.json is missing")
+
+
+def test_missing_part_file_is_skipped(two_checkpoints, caplog):
+    store, previous = two_checkpoints
+    (store.directory / "ckpt-000000000002" / "learner.part").unlink()
+    assert_falls_back(store, previous, caplog, "learner.part is missing")
+
+
+def test_no_usable_checkpoint_gives_none(tmp_path, caplog):
+    store = CheckpointStore(tmp_path)
+    assert store.load_latest() is None
+    store.save(1, sample_parts(1))
+    (tmp_path / "ckpt-000000000001" / "manifest.json").write_text("{not json")
+    with caplog.at_level(logging.WARNING):
+        assert store.load_latest() is None
+    assert "manifest.json is unreadable" in caplog.text
+
+
+def test_leftover_temp_dirs_are_removed_on_open(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(1, sample_parts(1))
+    crashed = tmp_path / ".tmp-ckpt-000000000002-123-deadbeef"
+    crashed.mkdir()
+    (crashed / "algorithm.part").write_bytes(MAGIC)
+    store = CheckpointStore(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt-000000000001"]
+    assert store.load_latest()[0] == 1
+
+
+def test_part_files_use_the_project_format_not_pickle(tmp_path):
+    path = CheckpointStore(tmp_path).save(1, sample_parts(1))
+    for part in ("algorithm", "replay", "learner"):
+        data = (path / f"{part}.part").read_bytes()
+        assert data.startswith(MAGIC)
+        header_len = int.from_bytes(data[8:16], "little")
+        header = msgpack.unpackb(data[16 : 16 + header_len])
+        assert header.keys() == {"values", "tensors"}
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["step"] == 1
+    assert manifest["parts"]["replay"]["bytes"] == (path / "replay.part").stat().st_size
+    assert len(manifest["parts"]["replay"]["sha256"]) == 64
+
+
+class _Exploit:
+    """Unpickling this would create ``target``: proof that pickle never runs."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        return open, (str(self.target), "w")
+
+
+def test_pickle_content_fails_cleanly_even_with_a_matching_manifest(two_checkpoints, caplog, tmp_path):
+    store, previous = two_checkpoints
+    target = tmp_path / "pwned"
+    payload = pickle.dumps({"online.weight": _Exploit(target)})
+    ckpt = store.directory / "ckpt-000000000002"
+    (ckpt / "algorithm.part").write_bytes(payload)
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["parts"]["algorithm"].update(bytes=len(payload), sha256=hashlib.sha256(payload).hexdigest())
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+    with pytest.raises(CheckpointError, match="bad magic"):
+        read_part(ckpt / "algorithm.part")
+    assert_falls_back(store, previous, caplog, "bad magic")
+    assert not target.exists()
+
+
+def test_crafted_header_cannot_force_a_huge_allocation(tmp_path):
+    header = msgpack.packb({"values": {}, "tensors": [
+        {"name": "x", "dtype": "float32", "shape": [2**40]}]})
+    path = tmp_path / "bomb.part"
+    path.write_bytes(MAGIC + len(header).to_bytes(8, "little") + header + b"\0" * 64)
+    with pytest.raises(CheckpointError, match="truncated in tensor 'x'"):
+        read_part(path)
+    header = msgpack.packb({"values": {}, "tensors": [{"name": "x", "dtype": "object", "shape": [1]}]})
+    path.write_bytes(MAGIC + len(header).to_bytes(8, "little") + header + b"\0" * 8)
+    with pytest.raises(CheckpointError, match="unknown dtype"):
+        read_part(path)
+    path.write_bytes(MAGIC + (2**62).to_bytes(8, "little"))
+    with pytest.raises(CheckpointError, match="header"):
+        read_part(path)
+
+
+def test_large_parts_are_not_held_twice_in_memory(tmp_path):
+    size = 32 * 2**20
+    big = {"obs": torch.ones(size // 4, dtype=torch.float32), "n": 1}
+    tracemalloc.start()
+    try:
+        write_part(tmp_path / "big.part", big)
+        _, write_peak = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        loaded, _ = read_part(tmp_path / "big.part")
+        _, read_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert write_peak < size // 8  # Written straight from the tensor's memory.
+    assert read_peak < size * 1.25  # Read straight into the final buffer.
+    assert torch.equal(loaded["obs"], big["obs"])
+
+
+def test_max_part_bytes_caps_each_tensor(tmp_path, caplog):
+    CheckpointStore(tmp_path).save(1, {"replay": {"obs": torch.zeros(1000)}})
+    with caplog.at_level(logging.WARNING):
+        assert CheckpointStore(tmp_path, max_part_bytes=1000).load_latest() is None
+    assert "over the cap" in caplog.text
+    assert CheckpointStore(tmp_path, max_part_bytes=4000).load_latest()[0] == 1
+
+
+def test_best_slot_keeps_the_highest_score(tmp_path):
+    store = CheckpointStore(tmp_path)
+    assert store.best_score is None and store.load_best() is None
+    assert store.save_best({"policy": {"w": torch.ones(3)}}, 10.0, step=100)
+    assert not store.save_best({"policy": {"w": torch.zeros(3)}}, 9.5, step=200)
+    assert not store.save_best({"policy": {"w": torch.zeros(3)}}, 10.0, step=250)
+    assert store.save_best({"policy": {"w": torch.full((3,), 2.0)}}, 12.5, step=300)
+
+    reopened = CheckpointStore(tmp_path)
+    assert reopened.best_score == 12.5
+    score, parts = reopened.load_best()
+    assert score == 12.5 and torch.equal(parts["policy"]["w"], torch.full((3,), 2.0))
+    assert len(list((tmp_path / "best").iterdir())) == 1
+    assert reopened.checkpoints() == []  # The best slot is not a training checkpoint.
+    assert not reopened.save_best({"policy": {"w": torch.zeros(3)}}, 11.0)
+    with pytest.raises(ValueError, match="finite"):
+        reopened.save_best({"policy": {}}, float("nan"))
+
+
+def test_corrupt_best_is_skipped(tmp_path, caplog):
+    store = CheckpointStore(tmp_path)
+    store.save_best({"policy": {"w": torch.ones(3)}}, 1.0)
+    [best] = (tmp_path / "best").iterdir()
+    (best / "policy.part").write_bytes(b"garbage")
+    with caplog.at_level(logging.WARNING):
+        assert CheckpointStore(tmp_path).load_best() is None
+    assert "skipping best checkpoint" in caplog.text
