@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -222,7 +223,7 @@ class PrioritizedReplay:
 
     def _as_device(self, value, dtype: torch.dtype) -> torch.Tensor:
         if isinstance(value, np.ndarray):
-            value = torch.from_numpy(value)
+            value = _from_numpy(value)
         return torch.as_tensor(value, device=self.device).to(dtype)
 
     def _check_batch(self, batch: Mapping) -> dict[str, torch.Tensor]:
@@ -236,7 +237,7 @@ class PrioritizedReplay:
         for name, (shape, dtype) in self.fields.items():
             value = batch[name]
             if isinstance(value, np.ndarray):
-                value = torch.from_numpy(value)
+                value = _from_numpy(value)
             if not isinstance(value, torch.Tensor):
                 raise ValueError(f"field {name!r} must be a tensor or ndarray, got {type(value).__name__}")
             if value.dtype != dtype:
@@ -298,6 +299,14 @@ class PrioritizedReplay:
             raise ValueError(f"no stored item has policy_version >= {self._min_version}")
         pick = torch.randint(eligible.numel(), (batch_size,), device=self.device)
         return eligible.index_select(0, pick)
+
+
+def _from_numpy(array: np.ndarray) -> torch.Tensor:
+    """A tensor over ``array`` without copying; read-only arrays (e.g. views of a received
+    payload) are fine because the buffer only reads its inputs."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
 
 
 def _row_layout(fields: Mapping[str, FieldSpec]) -> tuple[dict[str, tuple[int, int, tuple[int, ...], torch.dtype]], int]:

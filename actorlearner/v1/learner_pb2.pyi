@@ -121,7 +121,7 @@ class LearnerMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., policy_update: _Optional[_Union[PolicyUpdate, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ...) -> None: ...
 
 class Settings(_message.Message):
-    __slots__ = ("n_step", "gamma", "batch_size", "max_unacked", "codec", "actor_priorities", "epsilon_base", "epsilon_alpha", "num_actors", "actor_index", "max_message_bytes")
+    __slots__ = ("n_step", "gamma", "batch_size", "max_unacked", "codec", "actor_priorities", "epsilon_base", "epsilon_alpha", "num_actors", "actor_index", "max_message_bytes", "algorithm_config")
     N_STEP_FIELD_NUMBER: _ClassVar[int]
     GAMMA_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +133,7 @@ class Settings(_message.Message):
     NUM_ACTORS_FIELD_NUMBER: _ClassVar[int]
     ACTOR_INDEX_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_CONFIG_FIELD_NUMBER: _ClassVar[int]
     n_step: int
     gamma: float
     batch_size: int
@@ -144,7 +145,8 @@ class Settings(_message.Message):
     num_actors: int
     actor_index: int
     max_message_bytes: int
-    def __init__(self, n_step: _Optional[int] = ..., gamma: _Optional[float] = ..., batch_size: _Optional[int] = ..., max_unacked: _Optional[int] = ..., codec: _Optional[_Union[Codec, str]] = ..., actor_priorities: _Optional[bool] = ..., epsilon_base: _Optional[float] = ..., epsilon_alpha: _Optional[float] = ..., num_actors: _Optional[int] = ..., actor_index: _Optional[int] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
+    algorithm_config: str
+    def __init__(self, n_step: _Optional[int] = ..., gamma: _Optional[float] = ..., batch_size: _Optional[int] = ..., max_unacked: _Optional[int] = ..., codec: _Optional[_Union[Codec, str]] = ..., actor_priorities: _Optional[bool] = ..., epsilon_base: _Optional[float] = ..., epsilon_alpha: _Optional[float] = ..., num_actors: _Optional[int] = ..., actor_index: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., algorithm_config: _Optional[str] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("learner_id", "policy_version", "settings")

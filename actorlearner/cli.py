@@ -1,0 +1,180 @@
+"""``actorlearner learner|actor|run|status``: the binaries users run."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+import json
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+
+from actorlearner import config as cfg
+from actorlearner.telemetry import format_progress
+from actorlearner.v1 import learner_pb2 as pb
+from actorlearner.v1 import learner_pb2_grpc as pb_grpc
+
+logger = logging.getLogger("actorlearner")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="actorlearner", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, config_class, help_text in [
+        ("learner", cfg.LearnerConfig, "serve actors: replay, training, weight broadcast"),
+        ("actor", cfg.ActorConfig, "run environments and stream transitions to a learner"),
+        ("run", cfg.RunConfig, "a learner and N actors on loopback until solved or out of time"),
+    ]:
+        sub = commands.add_parser(name, help=help_text, description=config_class.__doc__)
+        cfg.add_arguments(sub, config_class)
+    status = commands.add_parser("status", help="print a learner's status")
+    status.add_argument("--learner", default="127.0.0.1:50051", help="learner address HOST:PORT")
+    status.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        if args.command == "status":
+            return status_command(args.learner, args.json, args.timeout)
+        config_class = {"learner": cfg.LearnerConfig, "actor": cfg.ActorConfig, "run": cfg.RunConfig}[args.command]
+        config = cfg.build(config_class, args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return {"learner": learner_command, "actor": actor_command, "run": run_command}[args.command](config)
+
+
+def on_signals(handler) -> None:
+    """Call ``handler()`` on SIGTERM and SIGINT."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: handler())
+
+
+def learner_command(config: cfg.LearnerConfig) -> int:
+    """Serve until SIGTERM/SIGINT, then stop accepting, write a final checkpoint and exit 0."""
+    from actorlearner.learner.learner import Learner
+    from actorlearner.learner.server import serve
+
+    if not ipaddress.ip_address(_host_ip(config.host)).is_loopback:
+        logger.warning("listening on %s: every host that can reach it may connect (no authentication)", config.host)
+    learner = Learner(config)
+    stop = threading.Event()
+    on_signals(stop.set)
+    with serve(learner, config.host, config.port) as port:
+        print(f"learner listening on {config.host}:{port}", flush=True)
+        learner.start()
+        while not stop.wait(5.0):
+            logger.info("%s", format_progress(learner.progress()))
+        logger.info("stopping: no new streams, final checkpoint")
+    learner.stop()
+    return 0
+
+
+def actor_command(config: cfg.ActorConfig) -> int:
+    """Act until SIGTERM/SIGINT; then flush unacked batches and exit 0 (2 if the learner refused us)."""
+    from actorlearner.actor.actor import Actor
+    from actorlearner.actor.link import LinkError
+
+    actor = Actor(config)
+    on_signals(actor.stop)
+    try:
+        actor.run()
+    except LinkError as exc:
+        logger.error("%s", exc)
+        return 2
+    logger.info("actor %s stopped after %d env steps, %d batches", actor.actor_id, actor.env_steps, actor.batches_sent)
+    return 0
+
+
+def run_command(config: cfg.RunConfig) -> int:
+    """Learner in this process, actors as child processes; exit 0 if solved, 1 if time ran out."""
+    from actorlearner.learner.learner import Learner
+    from actorlearner.learner.server import serve
+
+    learner_config = dataclasses.replace(config.learner, host="127.0.0.1", port=0, num_actors=config.actors)
+    learner = Learner(learner_config)
+    stop = threading.Event()
+    on_signals(stop.set)
+    start = time.monotonic()
+    solved = False
+    with serve(learner, "127.0.0.1", 0) as port:
+        learner.start()
+        actors = [_spawn_actor(config, port, i) for i in range(config.actors)]
+        last_print = 0.0
+        while not stop.wait(0.5):
+            elapsed = time.monotonic() - start
+            solved = learner.evaluations > 0 and learner.eval_mean >= config.target_return
+            if solved or elapsed >= config.max_seconds:
+                break
+            if all(a.poll() is not None for a in actors):
+                logger.error("every actor exited; stopping")
+                break
+            if elapsed - last_print >= 2.0:
+                last_print = elapsed
+                sps = learner.env_steps / max(elapsed, 1e-9)
+                print(f"[{elapsed:6.1f}s] {format_progress({**learner.progress(), 'sps': sps})}", file=sys.stderr, flush=True)
+        _stop_processes(actors)
+    learner.stop()
+    result = {"solved": solved, "eval_return": learner.eval_mean if learner.evaluations else None,
+              "seconds": round(time.monotonic() - start, 2), "env_steps": learner.env_steps,
+              "updates": learner.updates, "policy_version": learner.version}
+    print(json.dumps(result), flush=True)
+    return 0 if solved else 1
+
+
+def _spawn_actor(config: cfg.RunConfig, port: int, index: int) -> subprocess.Popen:
+    command = [sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
+               "--env", config.learner.env, "--num-envs", str(config.num_envs),
+               "--seed", str(config.learner.seed * 1000 + index), "--actor-id", f"actor-{index}"]
+    return subprocess.Popen(command)
+
+
+def _stop_processes(processes: list[subprocess.Popen], timeout: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL whatever has not exited by ``timeout``."""
+    for proc in processes:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + timeout
+    for proc in processes:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def status_command(address: str, as_json: bool, timeout: float) -> int:
+    """Print GetStatus as a table or one JSON object; exit 1 if the learner does not answer."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            status: pb.StatusResponse = pb_grpc.LearnerStub(channel).GetStatus(pb.StatusRequest(), timeout=timeout)
+        except grpc.RpcError as exc:
+            print(f"learner at {address} did not answer: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+    actors = [{"id": a.actor_id, "policy_version": a.policy_version, "lag": a.lag, "connected": a.connected,
+               "batches_per_second": round(a.batches_per_second, 2), "last_seen_unix": a.last_seen_unix}
+              for a in status.actors]
+    summary = {"learner_id": status.learner_id, "policy_version": status.policy_version, "updates": status.updates,
+               "buffer_size": status.buffer_size, "inserted": status.inserted, "env_steps": status.env_steps,
+               "insert_rate": round(status.insert_rate, 1), "sample_rate": round(status.sample_rate, 1),
+               "eval_mean_return": status.eval_mean_return if status.evaluations else None, "actors": actors}
+    if as_json:
+        print(json.dumps(summary))
+        return 0
+    for key, value in summary.items():
+        if key != "actors":
+            print(f"{key:18s} {value}")
+    print(f"{'actor':24s} {'version':>8s} {'lag':>5s} {'batches/s':>10s} connected")
+    for a in actors:
+        print(f"{a['id']:24s} {a['policy_version']:8d} {a['lag']:5d} {a['batches_per_second']:10.2f} {a['connected']}")
+    return 0
+
+
+def _host_ip(host: str) -> str:
+    return "127.0.0.1" if host == "localhost" else ("0.0.0.0" if host in ("", "[::]") else host.strip("[]"))

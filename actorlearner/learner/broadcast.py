@@ -1,0 +1,58 @@
+"""Policy fan-out: each version is serialized once, chunked, and pulled latest-wins by every stream."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+
+import torch
+
+from actorlearner import wire
+from actorlearner.v1 import learner_pb2 as pb
+
+
+class PolicyBroadcast:
+    """Holds the newest policy version as ready-to-send messages.
+
+    Streams never queue versions: a stream that is busy sending version v and finds v+3
+    published next sends v+3 only, so a slow actor skips versions instead of falling behind.
+    """
+
+    def __init__(self, chunk_bytes: int):
+        self.chunk_bytes = chunk_bytes
+        self.version = -1
+        self.serializations = 0  # how many times a state dict was encoded: one per version
+        self.payload = b""
+        self._messages: list[pb.LearnerMessage] = []
+        self._lock = threading.Lock()
+        self._listeners: set = set()
+
+    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Serialize ``state_dict`` once as ``version`` and wake every listener."""
+        payload = wire.encode_state_dict(state_dict)
+        chunks = wire.split_chunks(payload, self.chunk_bytes)
+        messages = [
+            pb.LearnerMessage(policy_update=pb.PolicyUpdate(
+                version=version, chunk_index=i, chunk_count=len(chunks), total_bytes=len(payload), payload=chunk))
+            for i, chunk in enumerate(chunks)
+        ]
+        with self._lock:
+            self.version, self.payload, self._messages = version, payload, messages
+            self.serializations += 1
+            listeners = list(self._listeners)
+        for wake in listeners:
+            wake()
+
+    def latest(self) -> tuple[int, list[pb.LearnerMessage]]:
+        """The newest version and its messages (shared, never mutated)."""
+        with self._lock:
+            return self.version, self._messages
+
+    def listen(self, wake) -> None:
+        """Call ``wake()`` on every publish until :meth:`unlisten`."""
+        with self._lock:
+            self._listeners.add(wake)
+
+    def unlisten(self, wake) -> None:
+        with self._lock:
+            self._listeners.discard(wake)

@@ -1,0 +1,325 @@
+"""The learner's state and work: ingest batches exactly once, train, publish, evaluate, checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import torch
+
+from actorlearner import specs, telemetry, wire
+from actorlearner.algorithms import make_algorithm
+from actorlearner.config import LearnerConfig
+from actorlearner.envs import make_env
+from actorlearner.learner.broadcast import PolicyBroadcast
+from actorlearner.learner.checkpoint import CheckpointStore
+from actorlearner.learner.evaluator import EvalResult, evaluate
+from actorlearner.replay import PrioritizedReplay, RateLimiter
+from actorlearner.v1 import learner_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ActorRecord:
+    """What the learner knows of one actor id, across reconnects."""
+
+    actor_id: str
+    index: int
+    policy_version: int = -1
+    connected: bool = False
+    last_seen: float = field(default_factory=time.time)
+    batches: telemetry.RateMeter = field(default_factory=telemetry.RateMeter)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a stream is refused: a gRPC status code name and a reason."""
+
+    code: str
+    reason: str
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is cuda when there is one; asking for cuda without one falls back to cpu with a warning."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        logger.warning("device %s requested but CUDA is not available; using cpu", name)
+        return torch.device("cpu")
+    return device
+
+
+class Learner:
+    """Replay, rate limiter, algorithm and policy broadcast behind one lock discipline.
+
+    gRPC threads call :meth:`ingest`; the trainer thread samples and updates; the replay
+    buffer is only touched under ``replay_lock``. Start with :meth:`start`, stop with
+    :meth:`stop` (final checkpoint included).
+    """
+
+    def __init__(self, config: LearnerConfig):
+        if config.min_replay_size < config.batch_size:
+            raise ValueError(f"min_replay_size ({config.min_replay_size}) must be >= batch_size ({config.batch_size})")
+        self.config = config
+        torch.set_num_threads(config.torch_threads)
+        self.device = resolve_device(config.device)
+        env = make_env(config.env)
+        self.env_spec = specs.env_spec(config.env, env.observation_space, env.action_space)
+        self.observation_space, self.action_space = env.observation_space, env.action_space
+        env.close()
+        algo_config = dataclasses.replace(config.dqn, device=str(self.device), seed=config.seed)
+        self.algorithm = make_algorithm(config.algorithm, self.observation_space, self.action_space, algo_config)
+        self.fields = self.algorithm.transition_fields()
+        self.replay = PrioritizedReplay(config.replay_capacity, self.fields, alpha=config.alpha, beta=config.beta,
+                                        beta_steps=config.beta_steps, device=self.device)
+        self.limiter = RateLimiter(config.min_replay_size, config.samples_per_insert, config.rate_error_buffer)
+        self.replay_lock = threading.Lock()
+        self.broadcast = PolicyBroadcast(config.chunk_bytes)
+        self.checkpoints = CheckpointStore(config.checkpoint_dir, config.keep_checkpoints) if config.checkpoint_dir else None
+        self.telemetry = telemetry.Telemetry(config.logdir or None)
+        self.learner_id = uuid.uuid4().hex[:12]
+
+        self.version = 0
+        self.updates = 0
+        self.inserted_batches = 0
+        self.env_steps = 0
+        self.recent_return = math.nan
+        self.evaluations = 0
+        self.eval_mean = math.nan
+        self.eval_best = -math.inf
+        self.insert_meter = telemetry.RateMeter()
+        self.sample_meter = telemetry.RateMeter()
+        self.stopping = threading.Event()
+        self._seq_table: dict[str, int] = {}
+        self._actors: dict[str, ActorRecord] = {}
+        self._actors_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._last_checkpoint = time.monotonic()
+        self._restore()
+        self.publish()
+
+    # -- streams ---------------------------------------------------------------------------
+
+    def check_hello(self, hello: pb.Hello) -> Refusal | None:
+        """Refuse a stream whose protocol, algorithm or env spec differs from ours."""
+        if not hello.actor_id:
+            return Refusal("INVALID_ARGUMENT", "Hello.actor_id must not be empty")
+        if hello.protocol_version != wire.PROTOCOL_VERSION:
+            return Refusal("FAILED_PRECONDITION", f"protocol version {hello.protocol_version} is not supported; "
+                                                  f"this learner speaks {wire.PROTOCOL_VERSION}")
+        if hello.algorithm != self.config.algorithm:
+            return Refusal("FAILED_PRECONDITION", f"algorithm {hello.algorithm!r} != learner's {self.config.algorithm!r}")
+        mismatch = specs.spec_mismatch(self.env_spec, hello.env_spec)
+        if mismatch:
+            return Refusal("FAILED_PRECONDITION", f"env spec differs from the learner's ({self.config.env}): {mismatch}")
+        return None
+
+    def connect(self, hello: pb.Hello) -> ActorRecord:
+        """Register (or re-register) an actor id; its index is stable across reconnects."""
+        with self._actors_lock:
+            record = self._actors.get(hello.actor_id)
+            if record is None:
+                record = self._actors[hello.actor_id] = ActorRecord(hello.actor_id, index=len(self._actors))
+            record.connected, record.last_seen = True, time.time()
+            record.policy_version = hello.policy_version
+            return record
+
+    def disconnect(self, record: ActorRecord) -> None:
+        record.connected = False
+
+    def welcome(self, record: ActorRecord) -> pb.Welcome:
+        """The settings an actor must use, and the version it is about to receive."""
+        c = self.config
+        settings = pb.Settings(
+            n_step=self.algorithm.n_step, gamma=self.algorithm.gamma, batch_size=c.actor_batch_size,
+            max_unacked=c.max_unacked, codec=int(wire.Codec.parse(c.codec)), actor_priorities=c.actor_priorities,
+            epsilon_base=c.epsilon_base, epsilon_alpha=c.epsilon_alpha, num_actors=max(c.num_actors, 1),
+            actor_index=record.index % max(c.num_actors, 1), max_message_bytes=c.max_message_bytes,
+            algorithm_config=json.dumps(dataclasses.asdict(c.dqn)))
+        return pb.Welcome(learner_id=self.learner_id, policy_version=self.broadcast.version, settings=settings)
+
+    def ingest(self, record: ActorRecord, batch: pb.TrajectoryBatch) -> bool:
+        """Validate and insert a batch unless its seq was seen; True if inserted, False if a duplicate.
+
+        Raises WireError for bad input, before anything is inserted. Waits on the rate
+        limiter (backpressure that reaches the actor through gRPC flow control).
+        """
+        record.last_seen = time.time()
+        if batch.seq <= self._seq_table.get(record.actor_id, -1):
+            return False
+        if batch.policy_version < 0:
+            raise wire.WireError(f"policy_version must be >= 0, got {batch.policy_version}")
+        n = batch.num_transitions
+        arrays = wire.decode_batch(batch.payload, batch.codec, self.fields, n, self.config.max_message_bytes)
+        priorities = wire.decode_priorities(batch.priorities, n)
+        while not self.limiter.acquire_insert(n, timeout=0.5):
+            if self.stopping.is_set():
+                raise wire.WireError("the learner is shutting down", "UNAVAILABLE")
+        with self.replay_lock:
+            if batch.seq <= self._seq_table.get(record.actor_id, -1):
+                return False
+            self.replay.add(arrays, priorities, policy_version=batch.policy_version)
+            self._seq_table[record.actor_id] = batch.seq
+            self.inserted_batches += 1
+        record.policy_version = max(record.policy_version, batch.policy_version)
+        record.batches.add()
+        self.insert_meter.add(n)
+        return True
+
+    def record_episodes(self, record: ActorRecord, stats: pb.EpisodeStats) -> None:
+        """Account an actor's env steps and finished episodes."""
+        record.last_seen = time.time()
+        record.policy_version = max(record.policy_version, stats.policy_version)
+        self.env_steps += stats.env_steps
+        for ret, length in zip(stats.returns, stats.lengths):
+            if math.isfinite(ret):
+                self.recent_return = ret if math.isnan(self.recent_return) else 0.9 * self.recent_return + 0.1 * ret
+                self.telemetry.scalars({telemetry.EPISODIC_RETURN: ret, telemetry.EPISODIC_LENGTH: length}, self.env_steps)
+
+    # -- training --------------------------------------------------------------------------
+
+    def train_step(self) -> bool:
+        """One sample -> update -> new priorities; False when the rate limiter says wait."""
+        c = self.config
+        if not self.limiter.acquire_sample(c.batch_size, timeout=0.2):
+            return False
+        min_version = self.version - c.max_policy_lag if c.max_policy_lag > 0 else None
+        with self.replay_lock:
+            try:
+                sample = self.replay.sample(c.batch_size, min_policy_version=min_version)
+            except ValueError:  # nothing recent enough yet
+                return False
+        priorities, metrics = self.algorithm.update(sample)
+        with self.replay_lock:
+            self.replay.update_priorities(sample.indices, priorities)
+        self.updates += 1
+        self.sample_meter.add(c.batch_size)
+        if self.updates % c.publish_every == 0:
+            self.version += 1
+            self.publish()
+        if self.updates % 100 == 0:
+            self.telemetry.scalars({**metrics, **self._rates()}, self.updates)
+        if self.checkpoints and time.monotonic() - self._last_checkpoint >= c.checkpoint_every:
+            self.checkpoint()
+        return True
+
+    def publish(self) -> None:
+        """Broadcast the current policy as ``self.version``."""
+        self.broadcast.publish(self.version, self.algorithm.policy_state_dict())
+
+    def evaluate(self) -> EvalResult:
+        """Greedy episodes with the latest published policy, decoded from the same bytes actors get."""
+        policy = make_algorithm(self.config.algorithm, self.observation_space, self.action_space,
+                                dataclasses.replace(self.config.dqn, device="cpu", seed=self.config.seed))
+        policy.load_policy_state_dict(wire.decode_state_dict(self.broadcast.payload))
+        result = evaluate(lambda obs: policy.act(obs, 0.0), lambda: make_env(self.config.env),
+                          self.config.eval_episodes, self.config.eval_envs, self.config.seed + 10_000 * self.evaluations)
+        self.evaluations += 1
+        self.eval_mean = result.mean
+        self.telemetry.scalars({telemetry.EVAL_MEAN_RETURN: result.mean, telemetry.EVAL_STD_RETURN: result.std}, self.env_steps)
+        if result.mean > self.eval_best:
+            self.eval_best = result.mean
+            if self.checkpoints:
+                self.checkpoints.save_best({"policy": policy.policy_state_dict()}, result.mean, step=self.version)
+        return result
+
+    # -- state -----------------------------------------------------------------------------
+
+    def checkpoint(self) -> None:
+        """Write model, optimizer, buffer (if configured), version and seq table atomically."""
+        with self.replay_lock:
+            parts = {
+                "algorithm": self.algorithm.state_dict(),
+                "learner": {"version": self.version, "updates": self.updates, "env_steps": self.env_steps,
+                            "seq_table": dict(self._seq_table), **self.limiter.state_dict()},
+            }
+            if self.config.checkpoint_replay:
+                parts["replay"] = self.replay.state_dict()
+            self.checkpoints.save(self.updates, parts)
+        self._last_checkpoint = time.monotonic()
+
+    def _restore(self) -> None:
+        if not self.checkpoints:
+            return
+        found = self.checkpoints.load_latest()
+        if found is None:
+            return
+        step, parts = found
+        self.algorithm.load_state_dict(parts["algorithm"])
+        if "replay" in parts:
+            self.replay.load_state_dict(parts["replay"])
+        state = parts["learner"]
+        self.version, self.updates, self.env_steps = int(state["version"]), int(state["updates"]), int(state["env_steps"])
+        self._seq_table = {str(k): int(v) for k, v in state["seq_table"].items()}
+        self.limiter.load_state_dict(state)
+        logger.info("restored checkpoint %d: version %d, %d items in replay", step, self.version, len(self.replay))
+
+    def status(self) -> pb.StatusResponse:
+        """A snapshot for GetStatus."""
+        with self._actors_lock:
+            records = list(self._actors.values())
+        actors = [pb.ActorStatus(actor_id=r.actor_id, policy_version=r.policy_version, lag=self.version - r.policy_version,
+                                 batches_per_second=r.batches.rate(), last_seen_unix=r.last_seen, connected=r.connected)
+                  for r in records]
+        return pb.StatusResponse(
+            policy_version=self.version, updates=self.updates, buffer_size=len(self.replay),
+            inserted=self.inserted_batches, insert_rate=self.insert_meter.rate(), sample_rate=self.sample_meter.rate(),
+            actors=actors, env_steps=self.env_steps, evaluations=self.evaluations,
+            eval_mean_return=self.eval_mean if self.evaluations else 0.0,
+            eval_best_return=self.eval_best if self.evaluations else 0.0, learner_id=self.learner_id)
+
+    def progress(self) -> dict:
+        """Numbers for the one-line progress display."""
+        with self._actors_lock:
+            lags = [self.version - r.policy_version for r in self._actors.values() if r.connected]
+        return {"env_steps": self.env_steps, "return": self.recent_return, "version": self.version,
+                "lag_max": max(lags, default=0), "buffer_size": len(self.replay),
+                "buffer_capacity": self.replay.capacity, "updates": self.updates,
+                "eval": self.eval_mean if self.evaluations else None}
+
+    def _rates(self) -> dict[str, float]:
+        return {telemetry.REPLAY_SIZE: len(self.replay), telemetry.REPLAY_INSERT_RATE: self.insert_meter.rate(),
+                telemetry.REPLAY_SAMPLE_RATE: self.sample_meter.rate(), telemetry.POLICY_VERSION: self.version}
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the trainer and, if configured, the periodic evaluator."""
+        self._spawn("trainer", self._train_loop)
+        if self.config.eval_every > 0:
+            self._spawn("evaluator", self._eval_loop)
+
+    def stop(self) -> None:
+        """Stop training and evaluation, then write a final checkpoint."""
+        self.stopping.set()
+        self.limiter.close()
+        for thread in self._threads:
+            thread.join()
+        if self.checkpoints:
+            self.checkpoint()
+        self.telemetry.close()
+
+    def _spawn(self, name: str, target) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _train_loop(self) -> None:
+        while not self.stopping.is_set():
+            self.train_step()
+
+    def _eval_loop(self) -> None:
+        while not self.stopping.wait(self.config.eval_every):
+            if self.updates == 0:
+                continue
+            result = self.evaluate()
+            logger.info("eval after %d updates (version %d): mean %.1f std %.1f min %.0f max %.0f",
+                        self.updates, self.version, result.mean, result.std, result.min, result.max)

@@ -1,0 +1,165 @@
+"""The Learner gRPC service: one session per actor stream; decode, validate, hand off, ack."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections import deque
+from concurrent import futures
+
+import grpc
+
+from actorlearner import wire
+from actorlearner.learner.learner import ActorRecord, Learner
+from actorlearner.v1 import learner_pb2 as pb
+from actorlearner.v1 import learner_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+
+class Session:
+    """One Connect stream: acks waiting to go out, the last version sent, and how it ended."""
+
+    def __init__(self, actor: ActorRecord):
+        self.actor = actor
+        self.cond = threading.Condition()
+        self.outbox: deque[pb.LearnerMessage] = deque()
+        self.sent_version = -1
+        self.closed = False
+        self.error: tuple[grpc.StatusCode, str] | None = None
+
+    def push(self, message: pb.LearnerMessage) -> None:
+        with self.cond:
+            self.outbox.append(message)
+            self.cond.notify()
+
+    def wake(self) -> None:
+        with self.cond:
+            self.cond.notify()
+
+    def fail(self, code: grpc.StatusCode, reason: str) -> None:
+        """End the stream with a status (sent by the handler thread)."""
+        with self.cond:
+            self.error = self.error or (code, reason)
+            self.closed = True
+            self.cond.notify()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify()
+
+
+class LearnerService(pb_grpc.LearnerServicer):
+    """Thin servicer: every decision is the :class:`Learner`'s."""
+
+    def __init__(self, learner: Learner):
+        self.learner = learner
+
+    def Connect(self, request_iterator, context):
+        first = next(request_iterator, None)
+        if first is None:
+            return
+        if first.WhichOneof("kind") != "hello":
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the first message of a stream must be Hello")
+        refusal = self.learner.check_hello(first.hello)
+        if refusal:
+            context.abort(getattr(grpc.StatusCode, refusal.code), refusal.reason)
+        session = Session(self.learner.connect(first.hello))
+        context.add_callback(session.close)
+        self.learner.broadcast.listen(session.wake)
+        logger.info("actor %s connected (index %d)", session.actor.actor_id, session.actor.index)
+        threading.Thread(target=self._read, args=(request_iterator, session), daemon=True,
+                         name=f"read-{session.actor.actor_id}").start()
+        try:
+            yield pb.LearnerMessage(welcome=self.learner.welcome(session.actor))
+            yield from self._send(session)
+        finally:
+            self.learner.broadcast.unlisten(session.wake)
+            session.close()
+            self.learner.disconnect(session.actor)
+            logger.info("actor %s disconnected", session.actor.actor_id)
+        if session.error:
+            context.abort(*session.error)
+
+    def GetStatus(self, request, context):
+        return self.learner.status()
+
+    def _read(self, request_iterator, session: Session) -> None:
+        """Consume the actor's messages until the stream ends or one is bad."""
+        try:
+            for message in request_iterator:
+                kind = message.WhichOneof("kind")
+                if kind == "batch":
+                    inserted = self.learner.ingest(session.actor, message.batch)
+                    session.push(pb.LearnerMessage(ack=pb.Ack(
+                        seq=message.batch.seq, accepted=True, reason="" if inserted else "duplicate")))
+                elif kind == "episode_stats":
+                    self.learner.record_episodes(session.actor, message.episode_stats)
+                elif kind == "hello":
+                    raise wire.WireError("Hello may only be the first message of a stream", "FAILED_PRECONDITION")
+                else:
+                    raise wire.WireError("empty ActorMessage")
+        except wire.WireError as exc:
+            logger.warning("actor %s sent bad input: %s", session.actor.actor_id, exc)
+            session.fail(exc.status_code, str(exc))
+        except grpc.RpcError:
+            pass  # the stream ended under us: the actor went away
+        except ValueError as exc:  # the buffer's own validation
+            session.fail(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        finally:
+            session.close()
+
+    def _send(self, session: Session):
+        """Yield acks as they come and the newest policy version whenever one is published."""
+        broadcast, stopping = self.learner.broadcast, self.learner.stopping
+        while True:
+            with session.cond:
+                while not (session.outbox or session.closed or stopping.is_set()
+                           or broadcast.version > session.sent_version):
+                    session.cond.wait(0.5)
+                outbox = list(session.outbox)
+                session.outbox.clear()
+            yield from outbox
+            if session.closed:
+                return
+            if stopping.is_set():
+                yield pb.LearnerMessage(shutdown=pb.Shutdown(reason="learner is shutting down"))
+                return
+            version, messages = broadcast.latest()
+            if version > session.sent_version:
+                session.sent_version = version
+                yield from messages
+
+
+def server_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """Message limits and keepalive shared by the learner's server and its clients."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", 20_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ]
+
+
+@contextlib.contextmanager
+def serve(learner: Learner, host: str, port: int, max_streams: int = 64):
+    """Run the Learner service; yields the bound port (``port`` 0 picks a free one)."""
+    workers = max_streams + 8  # each stream holds a worker; the rest answer GetStatus
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
+                         options=server_options(learner.config.max_message_bytes),
+                         maximum_concurrent_rpcs=workers)
+    pb_grpc.add_LearnerServicer_to_server(LearnerService(learner), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen on {host}:{port}")
+    server.start()
+    try:
+        yield bound
+    finally:
+        learner.stopping.set()
+        server.stop(grace=2.0).wait()
