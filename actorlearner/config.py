@@ -58,6 +58,8 @@ class LearnerConfig:
     """Slack around samples_per_insert, in sampled transitions, before either side waits."""
     publish_every: int = 20
     """Training updates between published policy versions."""
+    max_updates: int = 0
+    """Stop training after this many updates and keep serving; 0 trains until stopped."""
     max_policy_lag: int = 0
     """Train only on transitions from at most this many versions ago; 0 disables the bound."""
     actor_batch_size: int = 64

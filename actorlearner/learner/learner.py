@@ -313,7 +313,8 @@ class Learner:
         self._threads.append(thread)
 
     def _train_loop(self) -> None:
-        while not self.stopping.is_set():
+        limit = self.config.max_updates
+        while not self.stopping.is_set() and not (limit and self.updates >= limit):
             self.train_step()
 
     def _eval_loop(self) -> None:

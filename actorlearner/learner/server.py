@@ -87,7 +87,11 @@ class LearnerService(pb_grpc.LearnerServicer):
         return self.learner.status()
 
     def _read(self, request_iterator, session: Session) -> None:
-        """Consume the actor's messages until the stream ends or one is bad."""
+        """Consume the actor's messages until it half-closes or sends a bad one.
+
+        A half-close ends the actor's input only: the stream keeps carrying policy
+        updates until the actor cancels it (a weights-only subscriber is legal).
+        """
         try:
             for message in request_iterator:
                 kind = message.WhichOneof("kind")
@@ -105,11 +109,9 @@ class LearnerService(pb_grpc.LearnerServicer):
             logger.warning("actor %s sent bad input: %s", session.actor.actor_id, exc)
             session.fail(exc.status_code, str(exc))
         except grpc.RpcError:
-            pass  # the stream ended under us: the actor went away
+            session.close()  # the stream ended under us: the actor went away
         except ValueError as exc:  # the buffer's own validation
             session.fail(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        finally:
-            session.close()
 
     def _send(self, session: Session):
         """Yield acks as they come and the newest policy version whenever one is published."""

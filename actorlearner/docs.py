@@ -1,0 +1,29 @@
+"""Regenerate the README's option tables from the config dataclasses: ``python -m actorlearner.docs``."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from actorlearner import config as cfg
+
+SECTIONS = {"learner": cfg.LearnerConfig, "actor": cfg.ActorConfig, "run": cfg.RunConfig}
+
+
+def render(readme: str) -> str:
+    """``readme`` with every ``<!-- options:NAME -->`` block replaced by the current table."""
+    for name, config_class in SECTIONS.items():
+        block = f"<!-- options:{name} -->\n{cfg.markdown_table(config_class)}\n<!-- /options:{name} -->"
+        readme = re.sub(rf"<!-- options:{name} -->.*?<!-- /options:{name} -->", lambda _: block, readme, flags=re.S)
+    return readme
+
+
+def main() -> int:
+    path = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
+    path.write_text(render(path.read_text()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

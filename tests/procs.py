@@ -1,0 +1,66 @@
+"""Real learner and actor processes for the multi-process tests, and polling helpers."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+
+import grpc
+
+from actorlearner.v1 import learner_pb2 as pb
+from actorlearner.v1 import learner_pb2_grpc as pb_grpc
+
+# Small and quick: training starts early and publishes often.
+FAST_LEARNER = ["--env", "CartPole-v1", "--replay-capacity", "20000", "--min-replay-size", "256",
+                "--batch-size", "64", "--publish-every", "5", "--eval-every", "0",
+                "--dqn-hidden-sizes", "32,32", "--rate-error-buffer", "1000000"]
+
+
+def start_learner(*args: str) -> tuple[subprocess.Popen, int]:
+    """``actorlearner learner --port 0``; returns the process and the port it printed."""
+    proc = subprocess.Popen([sys.executable, "-m", "actorlearner", "learner", "--port", "0", *args],
+                            stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    match = re.search(r"listening on [\d.]+:(\d+)", line)
+    if not match:
+        proc.kill()
+        raise RuntimeError(f"learner did not report its port: {line!r}")
+    return proc, int(match.group(1))
+
+
+def start_actor(port: int, actor_id: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
+                             "--actor-id", actor_id, "--num-envs", "2", *args])
+
+
+def status(port: int) -> pb.StatusResponse:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        return pb_grpc.LearnerStub(channel).GetStatus(pb.StatusRequest(), timeout=5)
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.2):
+    """Poll ``predicate`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def stop(*procs: subprocess.Popen, timeout: float = 20) -> list[int]:
+    """SIGTERM each process and return the exit codes (SIGKILL past ``timeout``)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    codes = []
+    for proc in procs:
+        try:
+            codes.append(proc.wait(timeout))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            codes.append(proc.wait())
+    return codes

@@ -1,0 +1,106 @@
+"""Exactly once across broken streams, and chunked policy broadcast, against a live in-process learner."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from actorlearner import specs, wire
+from actorlearner.actor.link import LearnerLink
+from actorlearner.config import LearnerConfig
+from actorlearner.learner.learner import Learner
+from actorlearner.learner.server import serve
+from actorlearner.v1 import learner_pb2 as pb
+from tcp_proxy import TcpProxy
+
+BATCH = 16
+
+
+@pytest.fixture
+def learner():
+    return Learner(LearnerConfig(env="CartPole-v1", replay_capacity=10_000, eval_every=0, max_unacked=8))
+
+
+def make_hello(learner: Learner, actor_id: str) -> pb.Hello:
+    return pb.Hello(actor_id=actor_id, protocol_version=wire.PROTOCOL_VERSION, algorithm="dqn",
+                    env_spec=learner.env_spec, policy_version=-1)
+
+
+def batch_for(seq: int) -> pb.TrajectoryBatch:
+    """A batch whose transitions carry (seq, i) in obs, so the buffer shows what arrived how often."""
+    obs = np.zeros((BATCH, 4), np.float32)
+    obs[:, 0], obs[:, 1] = seq, np.arange(BATCH)
+    fields = {"obs": obs, "action": np.zeros(BATCH, np.int64), "reward": np.ones(BATCH, np.float32),
+              "discount": np.full(BATCH, 0.99, np.float32), "next_obs": obs.copy()}
+    return pb.TrajectoryBatch(seq=seq, policy_version=0, num_transitions=BATCH, codec=int(wire.Codec.MSGPACK),
+                              payload=wire.encode_batch(fields))
+
+
+def test_cut_streams_lose_nothing_acked_and_insert_nothing_twice(learner):
+    with serve(learner, "127.0.0.1", 0) as port:
+        proxy = TcpProxy(port)
+        link = LearnerLink(f"127.0.0.1:{proxy.port}", make_hello(learner, "cutter"), 16 << 20,
+                           reconnect_initial=0.05, reconnect_max=0.2).start()
+        in_flight_at_cut = []
+        done = threading.Event()
+
+        def cutter():
+            for _ in range(5):
+                if done.wait(0.3):
+                    return
+                in_flight_at_cut.append(link.unacked)
+                proxy.cut()
+
+        thread = threading.Thread(target=cutter)
+        thread.start()
+        seqs = range(1, 201)
+        for seq in seqs:
+            assert link.send_batch(batch_for(seq), timeout=30)
+            time.sleep(0.005)
+        assert link.flush(timeout=30), f"{link.unacked} batches never acked"
+        done.set()
+        thread.join()
+        link.close()
+        proxy.close()
+
+    assert proxy.cuts >= 3 and link.reconnects >= 3
+    assert any(n > 0 for n in in_flight_at_cut), "no cut happened with batches in flight"
+    state = learner.replay.state_dict()
+    obs = state["field.obs"].numpy()
+    counts = np.bincount(obs[:, 0].astype(np.int64), minlength=max(seqs) + 1)
+    assert (counts[1:] == BATCH).all(), f"per-seq item counts: {dict(enumerate(counts))}"
+    assert len(learner.replay) == BATCH * len(seqs) and learner.inserted_batches == len(seqs)
+    for seq in seqs:  # every transition of every batch, once
+        rows = np.sort(obs[obs[:, 0] == seq, 1])
+        assert np.array_equal(rows, np.arange(BATCH))
+
+
+def test_state_dict_over_20mb_reaches_every_actor_intact(learner):
+    big = {"torso.weight": torch.randn(3000, 2000), "head.bias": torch.arange(7, dtype=torch.float64),
+           "steps": torch.tensor([1, 2, 3], dtype=torch.int64)}
+    size = sum(t.numel() * t.element_size() for t in big.values())
+    assert size > 20 * 1024 * 1024
+    with serve(learner, "127.0.0.1", 0) as port:
+        links = [LearnerLink(f"127.0.0.1:{port}", make_hello(learner, f"a{i}"), 16 << 20).start() for i in range(2)]
+        learner.broadcast.publish(1, big)
+        assert len(learner.broadcast.latest()[1]) >= 5  # chunked: 4 MiB each
+        received = []
+        for link in links:
+            deadline = time.monotonic() + 60
+            got = None
+            while time.monotonic() < deadline:
+                got = link.take_policy() or got
+                if got and got[0] == 1:
+                    break
+                time.sleep(0.05)
+            received.append(got)
+            link.close()
+    assert learner.broadcast.serializations == 2  # version 0 at start, version 1: once each
+    for got in received:
+        assert got is not None and got[0] == 1
+        state = got[1]
+        assert set(state) == set(big)
+        for name, tensor in big.items():
+            assert state[name].dtype == tensor.dtype and torch.equal(state[name], tensor)
