@@ -2,9 +2,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
+SEED ?= 0
 BIN := $(VENV)/bin
 
-.PHONY: run test bench proto clean
+.PHONY: run test bench proto docs clean
 
 # The venv and torch first: a pinned CPU torch keeps pip from fetching CUDA wheels.
 $(BIN)/python:
@@ -20,7 +21,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.installed
 
 run: $(VENV)/.installed
-	$(BIN)/python -m actorlearner run --env CartPole-v1 --actors 2 --target-return 475 --max-seconds 600 --seed 0
+	$(BIN)/python -m actorlearner run --env CartPole-v1 --actors 2 --target-return 475 --max-seconds 600 --seed $(SEED)
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest
@@ -31,6 +32,10 @@ bench: $(VENV)/.installed-test
 # Regenerate the committed gRPC/protobuf code (tests/test_proto.py fails when it is stale).
 proto: $(VENV)/.installed-test
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. proto/actorlearner/v1/learner.proto
+
+# The README's option tables, regenerated from the config dataclasses.
+docs: $(VENV)/.installed
+	$(BIN)/python -m actorlearner.docs README.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -287,7 +287,8 @@ class Learner:
 
     def _rates(self) -> dict[str, float]:
         return {telemetry.REPLAY_SIZE: len(self.replay), telemetry.REPLAY_INSERT_RATE: self.insert_meter.rate(),
-                telemetry.REPLAY_SAMPLE_RATE: self.sample_meter.rate(), telemetry.POLICY_VERSION: self.version}
+                telemetry.REPLAY_SAMPLE_RATE: self.sample_meter.rate(), telemetry.POLICY_VERSION: self.version,
+                telemetry.POLICY_LAG_MAX: self.progress()["lag_max"]}
 
     # -- lifecycle -------------------------------------------------------------------------
 
