@@ -46,9 +46,10 @@ def random_batch(fields, n: int, rng: np.random.Generator) -> dict[str, np.ndarr
 class Ours:
     name = "actorlearner"
 
-    def __init__(self, capacity, fields, device):
+    def __init__(self, capacity, fields, device, branching):
         torch_fields = {k: (s, torch.from_numpy(np.empty(0, d)).dtype) for k, (s, d) in fields.items()}
-        self.buffer = PrioritizedReplay(capacity, torch_fields, alpha=ALPHA, beta=BETA, eps=EPS, device=device)
+        self.buffer = PrioritizedReplay(capacity, torch_fields, alpha=ALPHA, beta=BETA, eps=EPS, device=device,
+                                        branching=branching)
         self.device = torch.device(device)
 
     def add(self, batch):
@@ -66,7 +67,7 @@ class Ours:
 class Cpprb:
     name = "cpprb"
 
-    def __init__(self, capacity, fields, device):
+    def __init__(self, capacity, fields):
         import cpprb
 
         env_dict = {k: {"shape": s or 1, "dtype": d} for k, (s, d) in fields.items()}
@@ -96,13 +97,13 @@ def rate(fn, min_seconds: float, sync) -> float:
     return calls / elapsed
 
 
-def run_case(case, batch_sizes, runs, seconds, device, add_chunk):
+def run_case(case, batch_sizes, runs, seconds, device, add_chunk, branching):
     capacity, obs_shape, obs_dtype = CASES[case]
     fields = make_fields(obs_shape, obs_dtype)
     rng = np.random.default_rng(0)
     fill_chunk = random_batch(fields, min(10_000, capacity), rng)
     add_batch = random_batch(fields, add_chunk, rng)
-    buffers = [Ours(capacity, fields, device), Cpprb(capacity, fields, device)]
+    buffers = [Ours(capacity, fields, device, branching), Cpprb(capacity, fields)]
     for buf in buffers:
         for _ in range(0, capacity, len(fill_chunk["obs"])):
             buf.add(fill_chunk)
@@ -138,6 +139,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.0, help="minimum time per run")
     parser.add_argument("--add-chunk", type=int, default=256, help="items per add() call")
     parser.add_argument("--device", default="cpu", help="device of our buffer (cpprb is CPU only)")
+    parser.add_argument("--branching", type=int, default=16, help="our sum tree's fan-out K")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (cpprb uses one; 0 keeps torch's default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
@@ -148,13 +150,14 @@ def main() -> None:
     rows = []
     for case in args.cases.split(","):
         rows += run_case(case, [int(b) for b in args.batch_sizes.split(",")], args.runs, args.seconds,
-                         args.device, args.add_chunk)
+                         args.device, args.add_chunk, args.branching)
     print(f"| case | operation | actorlearner ({args.device}) | cpprb (cpu) | ratio |")
     print("|---|---|---:|---:|---:|")
     for r in rows:
         print(f"| {r['case']} | {r['operation']} | {r['ours']:,.0f} {r['unit']} | {r['cpprb']:,.0f} {r['unit']} | {r['ratio']:.2f}x |")
     if args.json:
-        print(json.dumps({"device": args.device, "torch_threads": torch.get_num_threads(), "rows": rows}))
+        print(json.dumps({"device": args.device, "branching": args.branching,
+                          "torch_threads": torch.get_num_threads(), "rows": rows}))
 
 
 if __name__ == "__main__":

@@ -92,6 +92,7 @@ class PrioritizedReplay:
         frac = min(1.0, self._sample_calls / self.beta_steps)
         return self.beta0 + (1.0 - self.beta0) * frac
 
+    @torch.inference_mode()
     def add(self, batch: Mapping[str, torch.Tensor | np.ndarray], priorities=None,
             policy_version: int | torch.Tensor | np.ndarray = 0) -> torch.Tensor:
         """Store a batch; return its item keys. Without priorities, items get the max seen.
@@ -155,6 +156,7 @@ class PrioritizedReplay:
         keys, versions = columns.pop(_KEY), columns.pop(_VERSION)
         return Sample(keys, weights, columns, versions)
 
+    @torch.inference_mode()
     def update_priorities(self, indices, priorities) -> None:
         """Set new priorities for item keys from a :class:`Sample`.
 

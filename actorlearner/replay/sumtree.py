@@ -7,7 +7,8 @@ one search and two steps, a handful of torch calls for the whole batch on any de
 never a Python loop over items.
 
 Sums are float64 and every update recomputes each touched parent from its children (no
-running deltas), so the total never drifts from the sum of the leaves. The minimum
+running deltas), so the total never drifts from the sum of the leaves. Hot paths run
+under ``torch.inference_mode`` (cheaper dispatch): what they return are indices. The minimum
 positive leaf (for importance weights) is kept with its position; only an update that
 raises or zeroes that very leaf costs a full rescan, which is rare in prioritized replay.
 """
@@ -62,6 +63,7 @@ class SumTree:
         """Smallest positive leaf (``inf`` when none)."""
         return self._min
 
+    @torch.inference_mode()
     def update(self, indices: torch.Tensor, values: torch.Tensor) -> None:
         """Set ``leaves[indices] = values``. With repeated indices the last write wins."""
         indices = indices.to(self.device, torch.long).reshape(-1)
@@ -78,6 +80,7 @@ class SumTree:
             self._sums[d - 1].index_copy_(0, indices, self._sums[d].view(-1, k).index_select(0, indices).sum(1))
         self._refresh_top()
 
+    @torch.inference_mode()
     def update_range(self, start: int, values: torch.Tensor) -> None:
         """Set ``leaves[start:start + len(values)] = values``: the cheap path for inserts."""
         values = values.to(self.device, torch.float64).reshape(-1)
@@ -92,6 +95,7 @@ class SumTree:
             self._sums[d - 1][lo:hi] = self._sums[d].view(-1, k)[lo:hi].sum(1)
         self._refresh_top()
 
+    @torch.inference_mode()
     def sample(self, batch_size: int, num_items: int | None = None,
                generator: torch.Generator | None = None) -> torch.Tensor:
         """Draw ``batch_size`` leaf indices, one from each equal stratum of the total mass.
