@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from actorlearner import specs, wire
+from actorlearner import wire
 from actorlearner.actor.link import LearnerLink
 from actorlearner.config import LearnerConfig
 from actorlearner.learner.learner import Learner

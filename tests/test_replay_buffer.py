@@ -1,6 +1,5 @@
 """PrioritizedReplay: storage, proportional sampling, IS weights, staleness, validation, state."""
 
-import math
 
 import numpy as np
 import pytest

@@ -13,7 +13,7 @@ import grpc
 import torch
 
 from actorlearner import wire
-from actorlearner.learner.server import server_options
+from actorlearner.transport import grpc_options
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
@@ -136,7 +136,7 @@ class LearnerLink:
     def _run(self) -> None:
         """Connect, serve the stream until it breaks, back off with jitter, repeat."""
         delay = self.reconnect_initial
-        options = server_options(self.max_message_bytes)
+        options = grpc_options(self.max_message_bytes)
         while not self._closing.is_set():
             with grpc.insecure_channel(self.address, options=options) as channel:
                 try:

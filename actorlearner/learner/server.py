@@ -12,6 +12,7 @@ import grpc
 
 from actorlearner import wire
 from actorlearner.learner.learner import ActorRecord, Learner
+from actorlearner.transport import grpc_options
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
@@ -135,25 +136,12 @@ class LearnerService(pb_grpc.LearnerServicer):
                 yield from messages
 
 
-def server_options(max_message_bytes: int) -> list[tuple[str, int]]:
-    """Message limits and keepalive shared by the learner's server and its clients."""
-    return [
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.keepalive_time_ms", 20_000),
-        ("grpc.keepalive_timeout_ms", 10_000),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
-        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-    ]
-
-
 @contextlib.contextmanager
 def serve(learner: Learner, host: str, port: int, max_streams: int = 64):
     """Run the Learner service; yields the bound port (``port`` 0 picks a free one)."""
     workers = max_streams + 8  # each stream holds a worker; the rest answer GetStatus
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
-                         options=server_options(learner.config.max_message_bytes),
+                         options=grpc_options(learner.config.max_message_bytes),
                          maximum_concurrent_rpcs=workers)
     pb_grpc.add_LearnerServicer_to_server(LearnerService(learner), server)
     bound = server.add_insecure_port(f"{host}:{port}")
