@@ -278,3 +278,12 @@ def test_cuda_update_and_state_round_trip():
     p_b, _ = fresh.update(cpu_sample)
     torch.testing.assert_close(p_a, p_b)
     algo.to("cpu").update(cpu_sample)
+
+
+def test_transition_fields_keep_the_observation_dtype():
+    frames = gym.spaces.Box(0, 255, shape=(4, 4), dtype=np.uint8)
+    algo = DQN(frames, ACT_SPACE, DQNConfig(hidden_sizes=(8,)))
+    fields = algo.transition_fields()
+    assert fields["obs"] == ((4, 4), torch.uint8) and fields["next_obs"] == ((4, 4), torch.uint8)
+    actions = algo.act(np.zeros((3, 4, 4), np.uint8), 0.0)
+    assert actions.shape == (3,)

@@ -253,3 +253,12 @@ def test_real_cartpole_vector_env():
         full = b["discount"] > 0
         np.testing.assert_allclose(b["reward"][full], (1 - gamma ** k[full]) / (1 - gamma), rtol=1e-5)
     assert_same_transitions(as_rows(batches), reference_transitions(episodes, n, gamma))
+
+
+def test_uint8_frames_keep_their_dtype():
+    """Atari-like frames are stored as uint8, not widened to float32."""
+    asm = NStepAssembler(num_envs=1, n_step=1, gamma=0.9, obs_shape=(2, 2), obs_dtype=np.uint8)
+    frame = np.full((1, 2, 2), 200, np.uint8)
+    out = asm.push(frame, np.array([1]), np.array([1.0]), np.array([False]), np.array([False]), frame + 1)
+    assert out["obs"].dtype == np.uint8 and out["next_obs"].dtype == np.uint8
+    assert out["next_obs"][0, 0, 0] == 201

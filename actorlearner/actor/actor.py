@@ -91,7 +91,8 @@ class Actor:
         epsilon = apex_epsilons(max(settings.num_actors, 1), settings.epsilon_base,
                                 settings.epsilon_alpha)[settings.actor_index % max(settings.num_actors, 1)]
         num_envs = self.config.num_envs
-        assembler = NStepAssembler(num_envs, settings.n_step, settings.gamma, self.obs_space.shape)
+        assembler = NStepAssembler(num_envs, settings.n_step, settings.gamma, self.obs_space.shape,
+                                   obs_dtype=self.obs_space.dtype)
         codec = wire.Codec.parse(settings.codec)
         pending: list[dict[str, np.ndarray]] = []
         pending_count, batch_version, seq = 0, self.policy_version, self._first_seq()

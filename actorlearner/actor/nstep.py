@@ -28,6 +28,7 @@ class NStepAssembler:
         obs_shape: tuple[int, ...],
         action_shape: tuple[int, ...] = (),
         action_dtype: np.dtype | type = np.int64,
+        obs_dtype: np.dtype | type = np.float32,
     ):
         if n_step < 1:
             raise ValueError(f"n_step must be >= 1, got {n_step}")
@@ -35,12 +36,13 @@ class NStepAssembler:
         self.n_step = n_step
         self.gamma = float(gamma)
         self.obs_shape = tuple(obs_shape)
-        self._obs = np.zeros((num_envs, n_step, *self.obs_shape), np.float32)
+        self.obs_dtype = np.dtype(obs_dtype)
+        self._obs = np.zeros((num_envs, n_step, *self.obs_shape), self.obs_dtype)
         self._action = np.zeros((num_envs, n_step, *action_shape), action_dtype)
         self._reward = np.zeros((num_envs, n_step), np.float64)
         self._count = np.zeros(num_envs, np.int64)  # pending windows per env, oldest at slot 0
         self._autoreset = np.zeros(num_envs, np.bool_)  # env ended last step; its next step is a reset
-        self._last_next_obs = np.zeros((num_envs, *self.obs_shape), np.float32)
+        self._last_next_obs = np.zeros((num_envs, *self.obs_shape), self.obs_dtype)
 
     @property
     def pending(self) -> np.ndarray:
@@ -64,14 +66,14 @@ class NStepAssembler:
         """Record one vector step (obs is what the actions were chosen on); returns completed transitions."""
         terminated = np.asarray(terminated, np.bool_)
         truncated = np.asarray(truncated, np.bool_)
-        next_obs = np.asarray(next_obs, np.float32)
+        next_obs = np.asarray(next_obs, self.obs_dtype)
         live = ~self._autoreset  # envs whose step was a real env step, not an autoreset
         ended = live & (terminated | truncated)
         self._autoreset = ended
 
         envs = np.flatnonzero(live)
         slot = self._count[envs]
-        self._obs[envs, slot] = np.asarray(obs, np.float32)[envs]
+        self._obs[envs, slot] = np.asarray(obs, self.obs_dtype)[envs]
         self._action[envs, slot] = np.asarray(action)[envs]
         self._reward[envs, slot] = np.asarray(reward, np.float64)[envs]
         self._count[envs] += 1
@@ -117,5 +119,5 @@ class NStepAssembler:
             "action": self._action[env_idx, start_idx],
             "reward": reward_sum.astype(np.float32),
             "discount": discount.astype(np.float32),
-            "next_obs": next_obs[env_idx].astype(np.float32, copy=True),
+            "next_obs": next_obs[env_idx].astype(self.obs_dtype, copy=True),
         }

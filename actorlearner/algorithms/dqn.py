@@ -146,6 +146,7 @@ class DQN:
             raise TypeError(f"DQN needs a Discrete action space, got {action_space}")
         self.config = config or DQNConfig()
         self.obs_shape: tuple[int, ...] = tuple(observation_space.shape)
+        self.obs_dtype = np.dtype(observation_space.dtype)
         self.num_actions = int(action_space.n)
         self._action_start = int(action_space.start)
         self.device = _resolve_device(self.config.device)
@@ -172,12 +173,14 @@ class DQN:
         return self.config.gamma
 
     def transition_fields(self) -> TransitionFields:
+        """Observations keep the env's dtype (uint8 frames stay 4x smaller); the network casts them."""
+        obs_dtype = torch.from_numpy(np.empty(0, self.obs_dtype)).dtype
         return {
-            "obs": (self.obs_shape, torch.float32),
+            "obs": (self.obs_shape, obs_dtype),
             "action": ((), torch.int64),
             "reward": ((), torch.float32),
             "discount": ((), torch.float32),
-            "next_obs": (self.obs_shape, torch.float32),
+            "next_obs": (self.obs_shape, obs_dtype),
         }
 
     # ------------------------------------------------------------ actor side

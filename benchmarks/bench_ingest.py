@@ -1,0 +1,220 @@
+"""Learner ingest (decode, validate, insert into replay) against a bare gRPC stream sink, same run.
+
+K client processes send pre-generated ~1 MB TrajectoryBatches (no env cost) through the
+actor's real streaming client (window, acks). Ours: a learner that decodes, validates
+and inserts each batch into the replay buffer before acking it. Baseline: a bare gRPC
+bidirectional stream that receives the same bytes and acks each message, nothing else.
+
+    python benchmarks/bench_ingest.py --actors 2 --obs cartpole --json
+    python benchmarks/bench_ingest.py --actors 2 --obs atari --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import gymnasium as gym
+import numpy as np
+
+from actorlearner import wire
+from actorlearner.config import LearnerConfig
+from actorlearner.learner.learner import Learner
+from actorlearner.learner.server import serve
+from actorlearner.transport import grpc_options
+from actorlearner.v1 import learner_pb2 as pb
+
+MESSAGE_LIMIT = 16 << 20
+OBS = {"cartpole": ((4,), np.float32), "atari": ((84, 84, 4), np.uint8)}
+BARE_METHOD = "/bench.Sink/Stream"
+
+
+class AtariShapedEnv(gym.Env):
+    """An env with Atari-sized frames, only so the learner's spec and buffer have that shape."""
+
+    observation_space = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    action_space = gym.spaces.Discrete(6)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+def env_id(obs: str) -> str:
+    if obs == "cartpole":
+        return "CartPole-v1"
+    if "BenchAtariShaped-v0" not in gym.registry:
+        gym.register("BenchAtariShaped-v0", entry_point=AtariShapedEnv)
+    return "BenchAtariShaped-v0"
+
+
+def make_payload(obs: str, message_bytes: int) -> tuple[bytes, int]:
+    """An encoded batch of about ``message_bytes`` and its number of transitions."""
+    shape, dtype = OBS[obs]
+    per_item = 2 * int(np.prod(shape)) * np.dtype(dtype).itemsize + 16
+    n = max(1, message_bytes // per_item)
+    rng = np.random.default_rng(0)
+    frames = (rng.random((n, *shape)) * (255 if dtype == np.uint8 else 1)).astype(dtype)
+    fields = {"obs": frames, "action": rng.integers(0, 2, n).astype(np.int64),
+              "reward": np.ones(n, np.float32), "discount": np.full(n, 0.99, np.float32), "next_obs": frames.copy()}
+    return wire.encode_batch(fields), n
+
+
+# -- clients (separate processes) ------------------------------------------------------------
+
+def learner_client(address: str, hello_bytes: bytes, payload: bytes, n: int, stop, ready) -> None:
+    """Send the same batch with rising seqs through the actor's real streaming client."""
+    from actorlearner.actor.link import LearnerLink
+
+    hello = pb.Hello.FromString(hello_bytes)
+    link = LearnerLink(address, hello, MESSAGE_LIMIT).start()
+    link.welcomed.wait(30)
+    ready.set()
+    seq = 0
+    while not stop.is_set():
+        seq += 1
+        batch = pb.TrajectoryBatch(seq=seq, policy_version=0, num_transitions=n, payload=payload,
+                                   codec=int(wire.Codec.MSGPACK))
+        while not link.send_batch(batch, timeout=0.2):
+            if stop.is_set():
+                break
+    link.close()
+
+
+def bare_client(address: str, payload: bytes, window: int, stop, ready) -> None:
+    """Send the same bytes down a bare stream, at most ``window`` unacked, like the real client."""
+    with grpc.insecure_channel(address, options=grpc_options(MESSAGE_LIMIT)) as channel:
+        stream = channel.stream_stream(BARE_METHOD, request_serializer=None, response_deserializer=None)
+        credits = threading.Semaphore(window)
+
+        def requests():
+            ready.set()
+            while not stop.is_set():
+                if credits.acquire(timeout=0.2):
+                    yield payload
+
+        call = stream(requests())
+        try:
+            for _ack in call:
+                credits.release()
+        except grpc.RpcError:
+            pass
+
+
+# -- servers ---------------------------------------------------------------------------------
+
+class BareSink:
+    """A gRPC server that counts the bytes it receives and acks each message."""
+
+    def __init__(self):
+        self.bytes = 0
+        self._lock = threading.Lock()
+        handler = grpc.stream_stream_rpc_method_handler(self._stream)
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=grpc_options(MESSAGE_LIMIT))
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Sink", {"Stream": handler}),))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def _stream(self, request_iterator, context):
+        for message in request_iterator:
+            with self._lock:
+                self.bytes += len(message)
+            yield b"k"
+
+    def stop(self):
+        self.server.stop(1).wait()
+
+
+def measure(counter, clients: list[mp.Process], stop, readies, warmup: float, seconds: float) -> float:
+    """Count per second of ``counter()`` over ``seconds`` after ``warmup``, clients running."""
+    for proc in clients:
+        proc.start()
+    try:
+        for ready in readies:
+            if not ready.wait(60):
+                raise RuntimeError("a client never got ready")
+        time.sleep(warmup)
+        start_count, start = counter(), time.monotonic()
+        time.sleep(seconds)
+        return (counter() - start_count) / (time.monotonic() - start)
+    finally:
+        stop.set()
+        for proc in clients:
+            proc.join(10)
+            if proc.is_alive():
+                proc.terminate()
+
+
+def run_ours(ctx, args, payload: bytes, n: int, message_bytes: int) -> float:
+    """Bytes per second of accepted payload into our learner's replay buffer."""
+    capacity = max(50_000, n * 64) if args.obs == "cartpole" else 4_000
+    config = LearnerConfig(env=env_id(args.obs), replay_capacity=capacity, eval_every=0, max_unacked=args.window,
+                           min_replay_size=10**12, max_message_bytes=MESSAGE_LIMIT)
+    learner = Learner(config)
+    with serve(learner, "127.0.0.1", 0) as port:
+        hello = pb.Hello(protocol_version=wire.PROTOCOL_VERSION, algorithm="dqn", env_spec=learner.env_spec,
+                         policy_version=-1)
+        stop, readies, clients = ctx.Event(), [], []
+        for i in range(args.actors):
+            hello.actor_id = f"bench-{i}"
+            ready = ctx.Event()
+            readies.append(ready)
+            clients.append(ctx.Process(target=learner_client, daemon=True,
+                                       args=(f"127.0.0.1:{port}", hello.SerializeToString(), payload, n, stop, ready)))
+        batches_per_s = measure(lambda: learner.inserted_batches, clients, stop, readies, args.warmup, args.seconds)
+    return batches_per_s * message_bytes
+
+
+def run_baseline(ctx, args, payload: bytes) -> float:
+    sink = BareSink()
+    try:
+        stop = ctx.Event()
+        readies = [ctx.Event() for _ in range(args.actors)]
+        clients = [ctx.Process(target=bare_client, daemon=True,
+                               args=(f"127.0.0.1:{sink.port}", payload, args.window, stop, ready)) for ready in readies]
+        return measure(lambda: sink.bytes, clients, stop, readies, args.warmup, args.seconds)
+    finally:
+        sink.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--actors", type=int, default=2, help="client processes")
+    parser.add_argument("--obs", choices=sorted(OBS), default="cartpole", help="observation size of the batches")
+    parser.add_argument("--message-mb", type=float, default=1.0, help="size of one batch message, MB")
+    parser.add_argument("--window", type=int, default=8, help="unacked batches per client (both sides)")
+    parser.add_argument("--runs", type=int, default=5, help="runs per side; the median is reported")
+    parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per run")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    args = parser.parse_args()
+
+    payload, n = make_payload(args.obs, int(args.message_mb * 1e6))
+    ctx = mp.get_context("spawn")
+    ours, baseline = [], []
+    for _ in range(args.runs):
+        ours.append(run_ours(ctx, args, payload, n, len(payload)))
+        baseline.append(run_baseline(ctx, args, payload))
+    ours_mb, base_mb = statistics.median(ours) / 1e6, statistics.median(baseline) / 1e6
+    result = {"obs": args.obs, "actors": args.actors, "message_bytes": len(payload), "transitions_per_message": n,
+              "ingest_mb_s": round(ours_mb, 1), "baseline_mb_s": round(base_mb, 1), "ratio": round(ours_mb / base_mb, 3),
+              "transitions_s": round(ours_mb * 1e6 / len(payload) * n), "runs": args.runs}
+    print("| obs | actors | message | ours MB/s | bare gRPC MB/s | ratio | transitions/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(f"| {args.obs} | {args.actors} | {len(payload) / 1e6:.2f} MB | {ours_mb:.1f} | {base_mb:.1f} | "
+          f"{ours_mb / base_mb:.2f}x | {result['transitions_s']:,} |")
+    if args.json:
+        print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
