@@ -19,6 +19,11 @@ class TcpProxy:
         self.cuts = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
+    def live(self) -> bool:
+        """Whether any connection is open right now."""
+        with self._lock:
+            return bool(self._sockets)
+
     def cut(self) -> None:
         """Drop every live connection, as a broken network would."""
         with self._lock:
@@ -56,8 +61,10 @@ class TcpProxy:
         except OSError:
             pass
         finally:
+            # shutdown (not just close) wakes the other pump blocked in recv, so both peers see the end.
             for sock in (src, dst):
                 try:
-                    sock.close()
+                    sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+                sock.close()

@@ -63,7 +63,7 @@ def test_timeouts_return_false_after_the_timeout():
     limiter = RateLimiter(min_size_to_sample=5)
     start = time.monotonic()
     assert not limiter.acquire_sample(1, timeout=0.2)
-    assert 0.19 <= time.monotonic() - start < 1.0
+    assert 0.19 <= time.monotonic() - start < 3.0
     assert limiter.samples == 0
 
 

@@ -136,7 +136,9 @@ class LearnerLink:
     def _run(self) -> None:
         """Connect, serve the stream until it breaks, back off with jitter, repeat."""
         delay = self.reconnect_initial
-        options = grpc_options(self.max_message_bytes)
+        # A channel of our own per attempt, with no subchannel shared with earlier channels:
+        # otherwise a new channel can inherit gRPC's own (growing) reconnect backoff.
+        options = grpc_options(self.max_message_bytes) + [("grpc.use_local_subchannel_pool", 1)]
         while not self._closing.is_set():
             with grpc.insecure_channel(self.address, options=options) as channel:
                 try:
