@@ -19,6 +19,8 @@ import msgpack
 import numpy as np
 import torch
 
+from actorlearner.v1 import learner_pb2 as pb
+
 PROTOCOL_VERSION = 1
 """Version of the actor <-> learner protocol (``Hello.protocol_version``)."""
 
@@ -418,3 +420,32 @@ class ChunkAssembler:
         whole = b"".join(self._parts)
         self._reset()
         return whole
+
+
+def encode_batch_message(seq: int, policy_version: int, num_transitions: int, payload: bytes,
+                         codec: Codec | int | str, priorities: Sequence[float] = ()) -> bytes:
+    """A serialized ``ActorMessage{batch}`` that copies the payload once.
+
+    Building the proto objects would copy a large payload into the batch, again into the
+    message, and again when serializing. Protobuf lets fields come in any order, so the
+    small fields are serialized normally and the payload field is appended as raw bytes.
+    """
+    head = pb.TrajectoryBatch(seq=seq, policy_version=policy_version, num_transitions=num_transitions,
+                              codec=int(Codec.parse(codec)), priorities=priorities).SerializeToString()
+    payload_key = _field_key(pb.TrajectoryBatch, "payload") + _varint(len(payload))
+    inner = len(head) + len(payload_key) + len(payload)
+    return b"".join((_field_key(pb.ActorMessage, "batch"), _varint(inner), head, payload_key, payload))
+
+
+def _field_key(message_class, field: str) -> bytes:
+    """The protobuf key of a length-delimited field (wire type 2)."""
+    return _varint(message_class.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)

@@ -82,9 +82,8 @@ def learner_client(address: str, hello_bytes: bytes, payload: bytes, n: int, sto
     seq = 0
     while not stop.is_set():
         seq += 1
-        batch = pb.TrajectoryBatch(seq=seq, policy_version=0, num_transitions=n, payload=payload,
-                                   codec=int(wire.Codec.MSGPACK))
-        while not link.send_batch(batch, timeout=0.2):
+        message = wire.encode_batch_message(seq, 0, n, payload, wire.Codec.MSGPACK)
+        while not link.send_batch(seq, message, timeout=0.2):
             if stop.is_set():
                 break
     link.close()

@@ -28,14 +28,13 @@ def make_hello(learner: Learner, actor_id: str) -> pb.Hello:
                     env_spec=learner.env_spec, policy_version=-1)
 
 
-def batch_for(seq: int) -> pb.TrajectoryBatch:
+def batch_for(seq: int) -> bytes:
     """A batch whose transitions carry (seq, i) in obs, so the buffer shows what arrived how often."""
     obs = np.zeros((BATCH, 4), np.float32)
     obs[:, 0], obs[:, 1] = seq, np.arange(BATCH)
     fields = {"obs": obs, "action": np.zeros(BATCH, np.int64), "reward": np.ones(BATCH, np.float32),
               "discount": np.full(BATCH, 0.99, np.float32), "next_obs": obs.copy()}
-    return pb.TrajectoryBatch(seq=seq, policy_version=0, num_transitions=BATCH, codec=int(wire.Codec.MSGPACK),
-                              payload=wire.encode_batch(fields))
+    return wire.encode_batch_message(seq, 0, BATCH, wire.encode_batch(fields), wire.Codec.MSGPACK)
 
 
 def test_cut_streams_lose_nothing_acked_and_insert_nothing_twice(learner):
@@ -60,7 +59,7 @@ def test_cut_streams_lose_nothing_acked_and_insert_nothing_twice(learner):
         seq = 0
         while seq < 200 or (not cutter_done.is_set() and seq < 5000):
             seq += 1
-            assert link.send_batch(batch_for(seq), timeout=30)
+            assert link.send_batch(seq, batch_for(seq), timeout=30)
             time.sleep(0.005)
         seqs = range(1, seq + 1)
         assert link.flush(timeout=30), f"{link.unacked} batches never acked"

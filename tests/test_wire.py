@@ -11,6 +11,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from actorlearner import wire
+from actorlearner.v1 import learner_pb2
+
 from actorlearner.wire import (
     DTYPES,
     MAX_RANK,
@@ -475,3 +478,14 @@ def test_property_array_round_trip(name: str, shape: list[int], data: st.DataObj
     array = np.frombuffer(raw, DTYPES[name]).reshape(shape)
     back = decode_array(msgpack.unpackb(msgpack.packb(encode_array(array))))
     assert back.tobytes() == array.tobytes() and back.shape == array.shape
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 16_383, 16_384, 1 << 20])
+def test_encode_batch_message_matches_protobuf(size):
+    """The spliced encoding parses to exactly the message protobuf itself would build."""
+    payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    data = wire.encode_batch_message(2**40 + 3, 7, 12, payload, "msgpack+zlib", [0.5, 1.5])
+    expected = learner_pb2.ActorMessage(batch=learner_pb2.TrajectoryBatch(
+        seq=2**40 + 3, policy_version=7, num_transitions=12, payload=payload,
+        codec=int(wire.Codec.MSGPACK_ZLIB), priorities=[0.5, 1.5]))
+    assert learner_pb2.ActorMessage.FromString(data) == expected

@@ -149,9 +149,9 @@ class Actor:
         if with_priorities:
             tensors = {k: torch.from_numpy(v) for k, v in batch.items()}
             priorities = self.algorithm.initial_priorities(tensors).tolist()
-        message = pb.TrajectoryBatch(seq=seq, policy_version=version, num_transitions=len(batch["reward"]),
-                                     payload=wire.encode_batch(batch, codec), codec=int(codec), priorities=priorities)
-        while not self.link.send_batch(message, timeout=0.5):
+        message = wire.encode_batch_message(seq, version, len(batch["reward"]), wire.encode_batch(batch, codec),
+                                            codec, priorities)
+        while not self.link.send_batch(seq, message, timeout=0.5):
             if self.stop_event.is_set():
                 return
         self.batches_sent += 1

@@ -15,7 +15,6 @@ import torch
 from actorlearner import wire
 from actorlearner.transport import grpc_options
 from actorlearner.v1 import learner_pb2 as pb
-from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +22,9 @@ logger = logging.getLogger(__name__)
 FATAL_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
                grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
                grpc.StatusCode.UNIMPLEMENTED}
+
+
+CONNECT_METHOD = f"/{pb.DESCRIPTOR.services_by_name['Learner'].full_name}/Connect"
 
 
 class LinkError(RuntimeError):
@@ -35,7 +37,8 @@ class LearnerLink:
     Batches stay in the unacked window until the learner acks them; after a reconnect
     the whole window is resent in seq order (the learner drops duplicates), so nothing
     acknowledged is lost and nothing is inserted twice. :meth:`send_batch` waits while
-    the window is full: that is the actor's backpressure.
+    the window is full: that is the actor's backpressure. Messages travel as serialized
+    bytes (see ``wire.encode_batch_message``), so a resend costs no re-encoding.
     """
 
     def __init__(self, address: str, hello: pb.Hello, max_message_bytes: int,
@@ -48,7 +51,7 @@ class LearnerLink:
         self.welcomed = threading.Event()
         self.error: LinkError | None = None
         self.reconnects = 0
-        self._unacked: OrderedDict[int, pb.ActorMessage] = OrderedDict()
+        self._unacked: OrderedDict[int, bytes] = OrderedDict()
         self._lock = threading.Condition()
         self._requests: queue.Queue | None = None
         self._policy: tuple[int, dict[str, torch.Tensor]] | None = None
@@ -70,8 +73,9 @@ class LearnerLink:
         with self._lock:
             return len(self._unacked)
 
-    def send_batch(self, batch: pb.TrajectoryBatch, timeout: float | None = None) -> bool:
-        """Queue a batch once the window has room; False if ``timeout`` passed first."""
+    def send_batch(self, seq: int, message: bytes, timeout: float | None = None) -> bool:
+        """Queue a serialized batch message (``wire.encode_batch_message``) once the window has
+        room; False if ``timeout`` passed first."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while len(self._unacked) >= self.max_unacked and not self._closing.is_set():
@@ -81,8 +85,7 @@ class LearnerLink:
                     return False
                 self._lock.wait(0.2 if remaining is None else min(remaining, 0.2))
             self._raise_if_failed()
-            message = pb.ActorMessage(batch=batch)
-            self._unacked[batch.seq] = message
+            self._unacked[seq] = message
             if self._requests is not None:
                 self._requests.put(message)
         return True
@@ -91,7 +94,7 @@ class LearnerLink:
         """Best effort: statistics are not resent after a reconnect."""
         with self._lock:
             if self._requests is not None:
-                self._requests.put(pb.ActorMessage(episode_stats=stats))
+                self._requests.put(pb.ActorMessage(episode_stats=stats).SerializeToString())
 
     def take_policy(self) -> tuple[int, dict[str, torch.Tensor]] | None:
         """The newest complete policy received since the last call, if any (older ones are skipped)."""
@@ -142,7 +145,7 @@ class LearnerLink:
         while not self._closing.is_set():
             with grpc.insecure_channel(self.address, options=options) as channel:
                 try:
-                    if self._serve_stream(pb_grpc.LearnerStub(channel)):
+                    if self._serve_stream(channel):
                         delay = self.reconnect_initial  # the stream worked: start backoff afresh
                 except grpc.RpcError as exc:
                     if exc.code() in FATAL_CODES:
@@ -161,19 +164,21 @@ class LearnerLink:
             delay = min(delay * 2, self.reconnect_max)
             self.reconnects += 1
 
-    def _serve_stream(self, stub: pb_grpc.LearnerStub) -> bool:
+    def _serve_stream(self, channel: grpc.Channel) -> bool:
         """One stream: Hello, resend the window, then read until it ends; True if it was welcomed."""
         requests: queue.Queue = queue.Queue()
         hello = pb.Hello()
         hello.CopyFrom(self.hello)
         hello.policy_version = self._held_version
-        requests.put(pb.ActorMessage(hello=hello))
+        requests.put(pb.ActorMessage(hello=hello).SerializeToString())
         with self._lock:
             for message in self._unacked.values():
                 requests.put(message)
             self._requests = requests
         assembler = wire.ChunkAssembler(self.max_message_bytes * 64)
-        self._call = stub.Connect(_drain(requests))
+        connect = channel.stream_stream(CONNECT_METHOD, request_serializer=None,  # requests are bytes already
+                                        response_deserializer=pb.LearnerMessage.FromString)
+        self._call = connect(_drain(requests))
         try:
             return self._read(self._call, assembler)
         finally:

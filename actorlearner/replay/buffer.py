@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 import math
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -13,6 +14,8 @@ import torch
 from actorlearner.replay.sumtree import SumTree
 
 FieldSpec = tuple[tuple[int, ...], torch.dtype]
+# The buffer only reads its inputs, so read-only arrays (views of a received payload) are fine.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", module=re.escape(__name__))
 # Per-item bookkeeping stored in the same row as the item's fields.
 _KEY, _VERSION = "__key__", "__version__"
 
@@ -304,11 +307,8 @@ class PrioritizedReplay:
 
 
 def _from_numpy(array: np.ndarray) -> torch.Tensor:
-    """A tensor over ``array`` without copying; read-only arrays (e.g. views of a received
-    payload) are fine because the buffer only reads its inputs."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(array)
+    """A tensor over ``array`` without copying (read-only arrays too: see the filter above)."""
+    return torch.from_numpy(array)
 
 
 def _row_layout(fields: Mapping[str, FieldSpec]) -> tuple[dict[str, tuple[int, int, tuple[int, ...], torch.dtype]], int]:
