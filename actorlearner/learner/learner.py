@@ -33,9 +33,13 @@ class ActorRecord:
     actor_id: str
     index: int
     policy_version: int = -1
-    connected: bool = False
+    streams: int = 0  # open streams: a reconnect may open the new one before the old one closes
     last_seen: float = field(default_factory=time.time)
     batches: telemetry.RateMeter = field(default_factory=telemetry.RateMeter)
+
+    @property
+    def connected(self) -> bool:
+        return self.streams > 0
 
 
 @dataclass(frozen=True)
@@ -128,12 +132,14 @@ class Learner:
             record = self._actors.get(hello.actor_id)
             if record is None:
                 record = self._actors[hello.actor_id] = ActorRecord(hello.actor_id, index=len(self._actors))
-            record.connected, record.last_seen = True, time.time()
+            record.streams += 1
+            record.last_seen = time.time()
             record.policy_version = hello.policy_version
             return record
 
     def disconnect(self, record: ActorRecord) -> None:
-        record.connected = False
+        with self._actors_lock:
+            record.streams -= 1
 
     def welcome(self, record: ActorRecord) -> pb.Welcome:
         """The settings an actor must use, and the version it is about to receive."""
