@@ -1,0 +1,172 @@
+"""Learner ingest as concurrent actor streams multiply: aggregate transitions/s at 1..256 streams.
+
+Lightweight clients: each stream is a thread (a few client processes hold them all) that
+sends the same pre-encoded CartPole batch with rising seqs, at most ``--window`` unacked,
+exactly as the actor's link does. The learner runs in this process (real gRPC server,
+decode, validate, insert; no training). Writes a PNG of throughput against streams.
+
+    python benchmarks/bench_scale.py --streams 1,8,64,256 --json --plot benchmarks/scale.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import threading
+import time
+
+import grpc
+import numpy as np
+
+from actorlearner import wire
+from actorlearner.actor.link import CONNECT_METHOD
+from actorlearner.config import LearnerConfig
+from actorlearner.learner.learner import Learner
+from actorlearner.learner.server import serve
+from actorlearner.transport import grpc_options
+from actorlearner.v1 import learner_pb2 as pb
+
+MESSAGE_LIMIT = 16 << 20
+
+
+def cartpole_payload(transitions: int) -> bytes:
+    rng = np.random.default_rng(0)
+    obs = rng.random((transitions, 4), dtype=np.float32)
+    return wire.encode_batch({"obs": obs, "action": np.zeros(transitions, np.int64),
+                              "reward": np.ones(transitions, np.float32),
+                              "discount": np.full(transitions, 0.99, np.float32), "next_obs": obs})
+
+
+def client_process(address: str, hello_bytes: bytes, first_id: int, streams: int, payload: bytes, n: int,
+                   window: int, stop, ready) -> None:
+    """``streams`` streams as threads, each sending batches with a bounded unacked window."""
+    def one_stream(actor_id: str, connected: threading.Event) -> None:
+        hello = pb.Hello.FromString(hello_bytes)
+        hello.actor_id = actor_id
+        hello_message = pb.ActorMessage(hello=hello).SerializeToString()
+        credits = threading.Semaphore(window)
+        with grpc.insecure_channel(address, options=grpc_options(MESSAGE_LIMIT)) as channel:
+            connect = channel.stream_stream(CONNECT_METHOD, request_serializer=None,
+                                            response_deserializer=pb.LearnerMessage.FromString)
+
+            def requests():
+                yield hello_message
+                seq = 0
+                while not stop.is_set():
+                    if credits.acquire(timeout=0.2):
+                        seq += 1
+                        yield wire.encode_batch_message(seq, 0, n, payload, wire.Codec.MSGPACK)
+
+            call = connect(requests())
+            try:
+                for message in call:
+                    kind = message.WhichOneof("kind")
+                    if kind == "welcome":
+                        connected.set()
+                    elif kind == "ack":
+                        credits.release()
+            except grpc.RpcError:
+                pass
+
+    events = [threading.Event() for _ in range(streams)]
+    threads = [threading.Thread(target=one_stream, args=(f"s{first_id + i}", e), daemon=True)
+               for i, e in enumerate(events)]
+    for thread in threads:
+        thread.start()
+    for event in events:
+        event.wait(60)
+    ready.set()
+    stop.wait()
+    for thread in threads:
+        thread.join(5)
+
+
+def measure(streams: int, args, payload: bytes, n: int) -> float:
+    """Aggregate transitions/s into the buffer with ``streams`` concurrent streams."""
+    learner = Learner(LearnerConfig(env="CartPole-v1", replay_capacity=200_000, eval_every=0, min_replay_size=10**12,
+                                    max_message_bytes=MESSAGE_LIMIT, max_unacked=args.window))
+    ctx = mp.get_context("spawn")
+    with serve(learner, "127.0.0.1", 0, max_streams=streams + 8) as port:
+        hello = pb.Hello(protocol_version=wire.PROTOCOL_VERSION, algorithm="dqn", env_spec=learner.env_spec,
+                         policy_version=-1).SerializeToString()
+        processes = min(args.client_processes, streams)
+        shares = [streams // processes + (i < streams % processes) for i in range(processes)]
+        stop, readies, procs, first = ctx.Event(), [], [], 0
+        for share in shares:
+            ready = ctx.Event()
+            readies.append(ready)
+            procs.append(ctx.Process(target=client_process, daemon=True,
+                                     args=(f"127.0.0.1:{port}", hello, first, share, payload, n, args.window, stop, ready)))
+            first += share
+        for proc in procs:
+            proc.start()
+        try:
+            for ready in readies:
+                if not ready.wait(120):
+                    raise RuntimeError("clients never connected")
+            time.sleep(args.warmup)
+            start_batches, start = learner.inserted_batches, time.monotonic()
+            time.sleep(args.seconds)
+            rate = (learner.inserted_batches - start_batches) * n / (time.monotonic() - start)
+        finally:
+            stop.set()
+            for proc in procs:
+                proc.join(15)
+                if proc.is_alive():
+                    proc.terminate()
+    return rate
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r["streams"] for r in rows], [r["transitions_s"] for r in rows], marker="o")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent actor streams")
+    ax.set_ylabel("transitions/s into the replay buffer")
+    ax.set_title("Learner ingest against concurrent streams (CartPole batches)")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", default="1,8,64,256", help="comma-separated stream counts")
+    parser.add_argument("--transitions", type=int, default=256, help="transitions per batch (256 = ~10 KB)")
+    parser.add_argument("--window", type=int, default=8, help="unacked batches per stream")
+    parser.add_argument("--client-processes", type=int, default=4, help="processes the streams are spread over")
+    parser.add_argument("--runs", type=int, default=3, help="runs per count; the median is reported")
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--plot", default="", help="write a PNG of throughput against streams here")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    args = parser.parse_args()
+
+    payload = cartpole_payload(args.transitions)
+    rows = []
+    for streams in [int(s) for s in args.streams.split(",")]:
+        rate = statistics.median(measure(streams, args, payload, args.transitions) for _ in range(args.runs))
+        rows.append({"streams": streams, "transitions_s": round(rate), "mb_s": round(rate * len(payload) / args.transitions / 1e6, 1)})
+    reference = next((r for r in rows if r["streams"] == 8), rows[0])
+    for r in rows:
+        r["vs_8_streams"] = round(r["transitions_s"] / reference["transitions_s"], 3)
+    print(f"| streams | transitions/s | MB/s | vs {reference['streams']} streams |")
+    print("|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['streams']} | {r['transitions_s']:,} | {r['mb_s']} | {r['vs_8_streams']:.2f}x |")
+    if args.plot:
+        plot(rows, args.plot)
+    if args.json:
+        print(json.dumps({"transitions_per_batch": args.transitions, "message_bytes": len(payload), "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
