@@ -139,7 +139,7 @@ def measure(counter, clients: list[mp.Process], stop, readies, warmup: float, se
         proc.start()
     try:
         for ready in readies:
-            if not ready.wait(60):
+            if not ready.wait(120):
                 raise RuntimeError("a client never got ready")
         time.sleep(warmup)
         start_count, start = counter(), time.monotonic()

@@ -15,7 +15,6 @@ import json
 import multiprocessing as mp
 import statistics
 import threading
-import time
 
 import grpc
 import numpy as np
@@ -27,6 +26,7 @@ from actorlearner.learner.learner import Learner
 from actorlearner.learner.server import serve
 from actorlearner.transport import grpc_options
 from actorlearner.v1 import learner_pb2 as pb
+from bench_ingest import measure
 
 MESSAGE_LIMIT = 16 << 20
 
@@ -83,7 +83,7 @@ def client_process(address: str, hello_bytes: bytes, first_id: int, streams: int
         thread.join(5)
 
 
-def measure(streams: int, args, payload: bytes, n: int) -> float:
+def aggregate_rate(streams: int, args, payload: bytes, n: int) -> float:
     """Aggregate transitions/s into the buffer with ``streams`` concurrent streams."""
     learner = Learner(LearnerConfig(env="CartPole-v1", replay_capacity=200_000, eval_every=0, min_replay_size=10**12,
                                     max_message_bytes=MESSAGE_LIMIT, max_unacked=args.window))
@@ -100,23 +100,8 @@ def measure(streams: int, args, payload: bytes, n: int) -> float:
             procs.append(ctx.Process(target=client_process, daemon=True,
                                      args=(f"127.0.0.1:{port}", hello, first, share, payload, n, args.window, stop, ready)))
             first += share
-        for proc in procs:
-            proc.start()
-        try:
-            for ready in readies:
-                if not ready.wait(120):
-                    raise RuntimeError("clients never connected")
-            time.sleep(args.warmup)
-            start_batches, start = learner.inserted_batches, time.monotonic()
-            time.sleep(args.seconds)
-            rate = (learner.inserted_batches - start_batches) * n / (time.monotonic() - start)
-        finally:
-            stop.set()
-            for proc in procs:
-                proc.join(15)
-                if proc.is_alive():
-                    proc.terminate()
-    return rate
+        batches_per_s = measure(lambda: learner.inserted_batches, procs, stop, readies, args.warmup, args.seconds)
+    return batches_per_s * n
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -153,7 +138,7 @@ def main() -> None:
     payload = cartpole_payload(args.transitions)
     rows = []
     for streams in [int(s) for s in args.streams.split(",")]:
-        rate = statistics.median(measure(streams, args, payload, args.transitions) for _ in range(args.runs))
+        rate = statistics.median(aggregate_rate(streams, args, payload, args.transitions) for _ in range(args.runs))
         rows.append({"streams": streams, "transitions_s": round(rate), "mb_s": round(rate * len(payload) / args.transitions / 1e6, 1)})
     reference = next((r for r in rows if r["streams"] == 8), rows[0])
     for r in rows:
