@@ -149,8 +149,11 @@ class Clients:
                 raise TimeoutError(f"version {version}: {len(times)}/{len(sids)} streams complete "
                                    f"after {self.timeout:.0f}s")
             try:
-                report = self.results.get(timeout=remaining)
+                report = self.results.get(timeout=min(remaining, 1.0))
             except queue.Empty:
+                dead = [p.name for p in self.processes if not p.is_alive()]
+                if dead:
+                    raise RuntimeError(f"client processes exited: {', '.join(dead)}") from None
                 continue
             if report[0] == "error" and report[1] in sids:
                 raise RuntimeError(f"stream {report[1]} failed: {report[2]}")

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import grpc
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from actorlearner import specs, wire
 from actorlearner.envs import make_env
@@ -19,7 +20,8 @@ def actor_versions(port: int) -> dict[str, tuple[int, int, bool]]:
 
 
 def test_two_actors_train_and_both_end_on_the_newest_version(tmp_path):
-    learner, port = start_learner(*FAST_LEARNER, "--max-updates", "100", "--checkpoint-dir", str(tmp_path / "ckpt"))
+    learner, port = start_learner(*FAST_LEARNER, "--max-updates", "100", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                                  "--logdir", str(tmp_path / "tb"))
     actors = [start_actor(port, "a0"), start_actor(port, "a1", "--seed", "1")]
     try:
         first = wait_until(lambda: (s := status(port)).policy_version >= 2 and s, 90, "a few versions")
@@ -43,6 +45,10 @@ def test_two_actors_train_and_both_end_on_the_newest_version(tmp_path):
         codes = stop(*actors, learner)
     assert codes == [0, 0, 0], f"exit codes actors/learner: {codes}"
     assert list((tmp_path / "ckpt").glob("ckpt-*/manifest.json")), "the learner wrote no final checkpoint on SIGTERM"
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"losses/td_loss", "charts/episodic_return", "replay/size", "policy/version", "policy/lag_max"} <= tags
 
 
 def test_late_actor_gets_the_current_version_in_welcome():

@@ -141,8 +141,8 @@ class Learner:
         with self._actors_lock:
             record.streams -= 1
 
-    def welcome(self, record: ActorRecord) -> pb.Welcome:
-        """The settings an actor must use, and the version it is about to receive."""
+    def welcome(self, record: ActorRecord, version: int) -> pb.Welcome:
+        """The settings an actor must use, and ``version``, the policy it receives next."""
         c = self.config
         settings = pb.Settings(
             n_step=self.algorithm.n_step, gamma=self.algorithm.gamma, batch_size=c.actor_batch_size,
@@ -150,7 +150,7 @@ class Learner:
             epsilon_base=c.epsilon_base, epsilon_alpha=c.epsilon_alpha, num_actors=max(c.num_actors, 1),
             actor_index=record.index % max(c.num_actors, 1), max_message_bytes=c.max_message_bytes,
             algorithm_config=json.dumps(dataclasses.asdict(c.dqn)))
-        return pb.Welcome(learner_id=self.learner_id, policy_version=self.broadcast.version, settings=settings)
+        return pb.Welcome(learner_id=self.learner_id, policy_version=version, settings=settings)
 
     def ingest(self, record: ActorRecord, batch: pb.TrajectoryBatch) -> bool:
         """Validate and insert a batch unless its seq was seen; True if inserted, False if a duplicate.

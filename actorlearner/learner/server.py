@@ -74,7 +74,10 @@ class LearnerService(pb_grpc.LearnerServicer):
         threading.Thread(target=self._read, args=(request_iterator, session), daemon=True,
                          name=f"read-{session.actor.actor_id}").start()
         try:
-            yield pb.LearnerMessage(welcome=self.learner.welcome(session.actor))
+            version, messages = self.learner.broadcast.latest()  # one snapshot: Welcome names what follows
+            yield pb.LearnerMessage(welcome=self.learner.welcome(session.actor, version))
+            session.sent_version = version
+            yield from messages
             yield from self._send(session)
         finally:
             self.learner.broadcast.unlisten(session.wake)
