@@ -31,7 +31,7 @@ bench: $(VENV)/.installed-test
 
 # Regenerate the committed gRPC/protobuf code (tests/test_proto.py fails when it is stale).
 proto: $(VENV)/.installed-test
-	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. proto/actorlearner/v1/learner.proto
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. proto/actorlearner/v1/*.proto
 
 # The README's option tables, regenerated from the config dataclasses.
 docs: $(VENV)/.installed

@@ -15,8 +15,8 @@ from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
-PROTO = "proto/actorlearner/v1/learner.proto"
-GENERATED = ["learner_pb2.py", "learner_pb2.pyi", "learner_pb2_grpc.py"]
+PROTOS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "proto" / "actorlearner" / "v1").glob("*.proto"))
+GENERATED = [f"{Path(p).stem}{suffix}" for p in PROTOS for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")]
 
 
 def test_generated_code_is_fresh(tmp_path: Path) -> None:
@@ -25,7 +25,7 @@ def test_generated_code_is_fresh(tmp_path: Path) -> None:
     from importlib.metadata import version
 
     cmd = [sys.executable, "-m", "grpc_tools.protoc", "-Iproto", f"--python_out={tmp_path}",
-           f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", PROTO]
+           f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", *PROTOS]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
     for name in GENERATED:
         fresh = (tmp_path / "actorlearner" / "v1" / name).read_bytes()
