@@ -1,18 +1,21 @@
-"""Gymnasium spaces <-> proto ``EnvSpec``, so the learner can check an actor's env in Hello.
+"""Gymnasium spaces and values <-> proto messages.
 
-Deliberately small: a Box observation of any wire dtype and a Discrete action. Other
-spaces raise ValueError naming the space; a richer schema for custom envs is env.proto's.
+Two schemas: learner.proto's ``EnvSpec`` (a Box observation and a Discrete action, what
+the learner checks in Hello) and env.proto's ``Space`` and ``Value`` (every space a custom
+env may use, converted exactly both ways). Unsupported spaces raise ValueError naming
+them; malformed messages raise ``wire.WireError``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
 from actorlearner import wire
-from actorlearner.v1 import learner_pb2
-
-_DISCRETE_HAS_START = "start" in learner_pb2.DiscreteSpec.DESCRIPTOR.fields_by_name
+from actorlearner.v1 import env_pb2, learner_pb2
 
 
 def _bounds(values: np.ndarray) -> list[float]:
@@ -39,12 +42,7 @@ def action_spec(space: spaces.Space) -> learner_pb2.ActionSpec:
     """The ActionSpec of a Discrete space; ValueError naming any other space."""
     if not isinstance(space, spaces.Discrete):
         raise ValueError(f"action space {space} is not supported: only Discrete is")
-    start = int(space.start)
-    if _DISCRETE_HAS_START:
-        return learner_pb2.ActionSpec(discrete=learner_pb2.DiscreteSpec(n=int(space.n), start=start))
-    if start != 0:
-        raise ValueError(f"action space {space} has start={start}; DiscreteSpec carries only n")
-    return learner_pb2.ActionSpec(discrete=learner_pb2.DiscreteSpec(n=int(space.n)))
+    return learner_pb2.ActionSpec(discrete=learner_pb2.DiscreteSpec(n=int(space.n), start=int(space.start)))
 
 
 def env_spec(env_id: str, observation_space: spaces.Space, action_space: spaces.Space) -> learner_pb2.EnvSpec:
@@ -107,8 +105,7 @@ def spaces_from_spec(spec: learner_pb2.EnvSpec) -> tuple[spaces.Box, spaces.Disc
     discrete = spec.action.discrete
     if discrete.n < 1:
         raise ValueError(f"env spec has a discrete action space with n={discrete.n}")
-    start = int(getattr(discrete, "start", 0))
-    return box_from_spec(spec.observation), spaces.Discrete(int(discrete.n), start=start)
+    return box_from_spec(spec.observation), spaces.Discrete(int(discrete.n), start=int(discrete.start))
 
 
 def spec_mismatch(expected: learner_pb2.EnvSpec, got: learner_pb2.EnvSpec) -> str | None:
@@ -137,7 +134,7 @@ def spec_mismatch(expected: learner_pb2.EnvSpec, got: learner_pb2.EnvSpec) -> st
     elif ea == "discrete":
         if expected.action.discrete.n != got.action.discrete.n:
             reasons.append(f"action n {expected.action.discrete.n} != {got.action.discrete.n}")
-        if _DISCRETE_HAS_START and expected.action.discrete.start != got.action.discrete.start:
+        if expected.action.discrete.start != got.action.discrete.start:
             reasons.append(f"action start {expected.action.discrete.start} != {got.action.discrete.start}")
     elif expected.action != got.action:
         reasons.append("action specs differ")
@@ -149,3 +146,178 @@ def _short(values) -> str:
     values = list(values)
     head = ", ".join(f"{v:g}" for v in values[:4])
     return f"[{head}{', ...' if len(values) > 4 else ''}]"
+
+
+# --------------------------------------------------------------------------- env.proto
+
+MAX_DEPTH = 16
+"""Deepest nesting of Dict/Tuple spaces and values accepted from the wire."""
+
+
+def tensor_to_proto(array: Any) -> env_pb2.Tensor:
+    """A Tensor message of ``array`` (numpy scalars and Python numbers become rank-0)."""
+    wire_map = wire.encode_array(np.asarray(array))
+    return env_pb2.Tensor(dtype=wire_map["dtype"], shape=wire_map["shape"], data=bytes(wire_map["data"]))
+
+
+def tensor_from_proto(tensor: env_pb2.Tensor, max_bytes: int = wire.DEFAULT_MAX_BYTES) -> np.ndarray:
+    """The array of a Tensor message, validated like every wire array; a writable copy."""
+    return wire.decode_array({"dtype": tensor.dtype, "shape": list(tensor.shape), "data": tensor.data},
+                             max_bytes, writable=True)
+
+
+def space_to_proto(space: spaces.Space, _depth: int = 0) -> env_pb2.Space:
+    """The Space message of a gymnasium space; ValueError naming an unsupported one."""
+    if _depth > MAX_DEPTH:
+        raise ValueError(f"spaces nested deeper than {MAX_DEPTH} are not supported")
+    if isinstance(space, spaces.Box):
+        return env_pb2.Space(box=env_pb2.BoxSpace(
+            dtype=_dtype_name(space), shape=space.shape,
+            low=tensor_to_proto(space.low), high=tensor_to_proto(space.high)))
+    if isinstance(space, spaces.Discrete):
+        return env_pb2.Space(discrete=env_pb2.DiscreteSpace(
+            n=int(space.n), start=int(space.start), dtype=_dtype_name(space)))
+    if isinstance(space, spaces.MultiDiscrete):
+        return env_pb2.Space(multi_discrete=env_pb2.MultiDiscreteSpace(
+            nvec=tensor_to_proto(space.nvec), start=tensor_to_proto(space.start)))
+    if isinstance(space, spaces.MultiBinary):
+        scalar = isinstance(space.n, (int, np.integer))
+        return env_pb2.Space(multi_binary=env_pb2.MultiBinarySpace(shape=space.shape, n_is_scalar=scalar))
+    if isinstance(space, spaces.Dict):
+        return env_pb2.Space(dict=env_pb2.DictSpace(entries=[
+            env_pb2.DictSpace.Entry(key=_text_key(key, space), space=space_to_proto(sub, _depth + 1))
+            for key, sub in space.spaces.items()]))
+    if isinstance(space, spaces.Tuple):
+        return env_pb2.Space(tuple=env_pb2.TupleSpace(spaces=[space_to_proto(sub, _depth + 1) for sub in space]))
+    raise ValueError(f"space {space} ({type(space).__name__}) is not supported: "
+                     "use Box, Discrete, MultiDiscrete, MultiBinary, Dict or Tuple")
+
+
+def space_from_proto(message: env_pb2.Space, _depth: int = 0) -> spaces.Space:
+    """The gymnasium space a Space message describes; WireError if it is malformed."""
+    if _depth > MAX_DEPTH:
+        raise wire.WireError(f"spaces nested deeper than {MAX_DEPTH}")
+    kind = message.WhichOneof("kind")
+    try:
+        if kind == "box":
+            box = message.box
+            low, high = tensor_from_proto(box.low), tensor_from_proto(box.high)
+            shape = tuple(int(d) for d in box.shape)
+            if low.dtype.name != box.dtype or high.dtype.name != box.dtype or low.shape != shape or high.shape != shape:
+                raise wire.WireError(f"box bounds must be {box.dtype} tensors of shape {shape}, got "
+                                     f"{low.dtype} {low.shape} and {high.dtype} {high.shape}")
+            return spaces.Box(low=low, high=high, shape=shape, dtype=box.dtype)
+        if kind == "discrete":
+            d = message.discrete
+            if d.n < 1:
+                raise wire.WireError(f"discrete space needs n >= 1, got {d.n}")
+            return spaces.Discrete(d.n, start=d.start, dtype=_integer_dtype(d.dtype or "int64"))
+        if kind == "multi_discrete":
+            nvec, start = tensor_from_proto(message.multi_discrete.nvec), tensor_from_proto(message.multi_discrete.start)
+            _integer_dtype(nvec.dtype.name)
+            if start.dtype != nvec.dtype or start.shape != nvec.shape:
+                raise wire.WireError(f"multi-discrete start must match nvec's {nvec.dtype} {nvec.shape}, "
+                                     f"got {start.dtype} {start.shape}")
+            return spaces.MultiDiscrete(nvec, dtype=nvec.dtype, start=start)
+        if kind == "multi_binary":
+            shape = [int(d) for d in message.multi_binary.shape]
+            if message.multi_binary.n_is_scalar:
+                if len(shape) != 1:
+                    raise wire.WireError(f"multi-binary with a scalar n needs a rank-1 shape, got {shape}")
+                return spaces.MultiBinary(shape[0])
+            return spaces.MultiBinary(shape)
+        if kind == "dict":
+            keys = [entry.key for entry in message.dict.entries]
+            if len(set(keys)) != len(keys):
+                raise wire.WireError(f"dict space has repeated keys: {keys}")
+            return spaces.Dict([(entry.key, space_from_proto(entry.space, _depth + 1))
+                                for entry in message.dict.entries])
+        if kind == "tuple":
+            return spaces.Tuple([space_from_proto(sub, _depth + 1) for sub in message.tuple.spaces])
+    except (ValueError, TypeError, AssertionError) as exc:
+        if isinstance(exc, wire.WireError):
+            raise
+        raise wire.WireError(f"invalid {kind} space: {exc}") from None
+    raise wire.WireError("space message has no kind set")
+
+
+def value_to_proto(value: Any, _depth: int = 0) -> env_pb2.Value:
+    """A Value message of an observation, action, info entry or option.
+
+    Arrays and numbers become tensors, mappings DictValues, tuples and lists TupleValues,
+    strings text; anything else raises ValueError naming its type.
+    """
+    if _depth > MAX_DEPTH:
+        raise ValueError(f"values nested deeper than {MAX_DEPTH} are not supported")
+    if isinstance(value, str):
+        return env_pb2.Value(text=value)
+    if isinstance(value, Mapping):
+        return env_pb2.Value(dict=dict_to_proto(value, _depth + 1))
+    if isinstance(value, (tuple, list)):
+        return env_pb2.Value(tuple=env_pb2.TupleValue(items=[value_to_proto(v, _depth + 1) for v in value]))
+    if isinstance(value, (np.ndarray, np.generic, bool, int, float)):
+        return env_pb2.Value(tensor=tensor_to_proto(value))
+    raise ValueError(f"a {type(value).__name__} cannot be sent as an env value")
+
+
+def value_from_proto(message: env_pb2.Value, space: spaces.Space | None = None,
+                     max_bytes: int = wire.DEFAULT_MAX_BYTES, _depth: int = 0) -> Any:
+    """The Python value of a Value message: arrays, dicts, tuples, str.
+
+    A rank-0 tensor becomes a numpy scalar, except as the value of an array space (Box,
+    MultiBinary, MultiDiscrete), where it stays a 0-d array as gymnasium samples it.
+    """
+    if _depth > MAX_DEPTH:
+        raise wire.WireError(f"values nested deeper than {MAX_DEPTH}")
+    kind = message.WhichOneof("kind")
+    if kind == "tensor":
+        array = tensor_from_proto(message.tensor, max_bytes)
+        keep_array = isinstance(space, (spaces.Box, spaces.MultiBinary, spaces.MultiDiscrete))
+        return array[()] if array.ndim == 0 and not keep_array else array
+    if kind == "dict":
+        subspaces = space.spaces if isinstance(space, spaces.Dict) else {}
+        return dict_from_proto(message.dict, max_bytes, _depth + 1, subspaces)
+    if kind == "tuple":
+        subspaces = list(space.spaces) if isinstance(space, spaces.Tuple) else []
+        items = message.tuple.items
+        return tuple(value_from_proto(item, subspaces[i] if i < len(subspaces) else None, max_bytes, _depth + 1)
+                     for i, item in enumerate(items))
+    if kind == "text":
+        return message.text
+    raise wire.WireError("value message has no kind set")
+
+
+def dict_to_proto(mapping: Mapping[str, Any], _depth: int = 0) -> env_pb2.DictValue:
+    """A DictValue of a mapping with text keys (an info dict, reset options)."""
+    return env_pb2.DictValue(entries=[env_pb2.DictValue.Entry(key=_text_key(key, mapping),
+                                                              value=value_to_proto(v, _depth))
+                                      for key, v in mapping.items()])
+
+
+def dict_from_proto(message: env_pb2.DictValue, max_bytes: int = wire.DEFAULT_MAX_BYTES, _depth: int = 0,
+                    subspaces: Mapping[str, spaces.Space] | None = None) -> dict:
+    """The dict of a DictValue; WireError on repeated keys."""
+    out = {}
+    for entry in message.entries:
+        if entry.key in out:
+            raise wire.WireError(f"dict value repeats key {entry.key!r}")
+        out[entry.key] = value_from_proto(entry.value, (subspaces or {}).get(entry.key), max_bytes, _depth)
+    return out
+
+
+def _dtype_name(space: spaces.Space) -> str:
+    if space.dtype is None or space.dtype.name not in wire.DTYPES:
+        raise ValueError(f"space {space} has dtype {space.dtype}; allowed: {', '.join(wire.DTYPES)}")
+    return space.dtype.name
+
+
+def _integer_dtype(name: str) -> np.dtype:
+    if name not in wire.DTYPES or wire.DTYPES[name].kind not in "iu":
+        raise wire.WireError(f"{name!r} is not an integer dtype")
+    return np.dtype(name)
+
+
+def _text_key(key: Any, owner: Any) -> str:
+    if not isinstance(key, str):
+        raise ValueError(f"key {key!r} of {type(owner).__name__} is not a string; only string keys can be sent")
+    return key

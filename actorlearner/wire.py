@@ -33,7 +33,7 @@ MAX_RANK = 16
 DTYPES: dict[str, np.dtype] = {
     name: np.dtype(name).newbyteorder("<")
     for name in (
-        "bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "int64",
+        "bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
         "float16", "float32", "float64",
     )
 }
@@ -43,7 +43,7 @@ _ARRAY_KEYS = frozenset(("dtype", "shape", "data"))
 _TORCH_DTYPES: dict[torch.dtype, str] = {
     torch.bool: "bool", torch.uint8: "uint8", torch.int8: "int8", torch.uint16: "uint16",
     torch.int16: "int16", torch.uint32: "uint32", torch.int32: "int32",
-    torch.int64: "int64", torch.float16: "float16", torch.float32: "float32",
+    torch.uint64: "uint64", torch.int64: "int64", torch.float16: "float16", torch.float32: "float32",
     torch.float64: "float64",
 }
 

@@ -107,7 +107,7 @@ def test_encode_array_big_endian_and_non_contiguous() -> None:
     assert back.dtype == np.dtype("int32")
 
 
-@pytest.mark.parametrize("bad", [np.zeros(2, np.uint64), np.zeros(2, np.complex64),
+@pytest.mark.parametrize("bad", [np.zeros(2, np.complex64),
                                  np.array(["a"]), np.array([object()]),
                                  np.zeros(2, dtype=[("a", "f4")])])
 def test_encode_array_rejects_unlisted_dtypes(bad: np.ndarray) -> None:

@@ -45,12 +45,14 @@ class BoxSpace(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., low: _Optional[_Union[Tensor, _Mapping]] = ..., high: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class DiscreteSpace(_message.Message):
-    __slots__ = ("n", "start")
+    __slots__ = ("n", "start", "dtype")
     N_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
     n: int
     start: int
-    def __init__(self, n: _Optional[int] = ..., start: _Optional[int] = ...) -> None: ...
+    dtype: str
+    def __init__(self, n: _Optional[int] = ..., start: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class MultiDiscreteSpace(_message.Message):
     __slots__ = ("nvec", "start")
@@ -61,10 +63,12 @@ class MultiDiscreteSpace(_message.Message):
     def __init__(self, nvec: _Optional[_Union[Tensor, _Mapping]] = ..., start: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class MultiBinarySpace(_message.Message):
-    __slots__ = ("shape",)
+    __slots__ = ("shape", "n_is_scalar")
     SHAPE_FIELD_NUMBER: _ClassVar[int]
+    N_IS_SCALAR_FIELD_NUMBER: _ClassVar[int]
     shape: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, shape: _Optional[_Iterable[int]] = ...) -> None: ...
+    n_is_scalar: bool
+    def __init__(self, shape: _Optional[_Iterable[int]] = ..., n_is_scalar: _Optional[bool] = ...) -> None: ...
 
 class DictSpace(_message.Message):
     __slots__ = ("entries",)
