@@ -1,4 +1,4 @@
-"""``actorlearner learner|actor|run|status``: the binaries users run."""
+"""``actorlearner learner|actor|env-server|run|status``: the binaries users run."""
 
 from __future__ import annotations
 
@@ -26,11 +26,7 @@ logger = logging.getLogger("actorlearner")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="actorlearner", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, config_class, help_text in [
-        ("learner", cfg.LearnerConfig, "serve actors: replay, training, weight broadcast"),
-        ("actor", cfg.ActorConfig, "run environments and stream transitions to a learner"),
-        ("run", cfg.RunConfig, "a learner and N actors on loopback until solved or out of time"),
-    ]:
+    for name, (config_class, _, help_text) in COMMANDS.items():
         sub = commands.add_parser(name, help=help_text, description=config_class.__doc__)
         cfg.add_arguments(sub, config_class)
     status = commands.add_parser("status", help="print a learner's status")
@@ -43,11 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "status":
             return status_command(args.learner, args.json, args.timeout)
-        config_class = {"learner": cfg.LearnerConfig, "actor": cfg.ActorConfig, "run": cfg.RunConfig}[args.command]
+        config_class, command, _ = COMMANDS[args.command]
         config = cfg.build(config_class, args)
     except ValueError as exc:
         parser.error(str(exc))
-    return {"learner": learner_command, "actor": actor_command, "run": run_command}[args.command](config)
+    return command(config)
 
 
 def on_signals(handler) -> None:
@@ -92,6 +88,21 @@ def actor_command(config: cfg.ActorConfig) -> int:
     return 0
 
 
+def env_server_command(config: cfg.EnvServerConfig) -> int:
+    """Serve ``config.env`` until SIGTERM/SIGINT; exit 0."""
+    from actorlearner.envs import make_env
+    from actorlearner.envs.server import serve
+
+    stop = threading.Event()
+    on_signals(stop.set)
+    with serve(lambda: make_env(config.env), config.env, config.host, config.port, config.max_sessions,
+               config.max_message_bytes) as (_, port):
+        print(f"env server listening on {config.host}:{port}", flush=True)
+        stop.wait()
+        logger.info("stopping: closing sessions")
+    return 0
+
+
 def run_command(config: cfg.RunConfig) -> int:
     """Learner in this process, actors as child processes; exit 0 if solved, 1 if time ran out."""
     from actorlearner.learner.learner import Learner
@@ -120,12 +131,22 @@ def run_command(config: cfg.RunConfig) -> int:
                 sps = learner.env_steps / max(elapsed, 1e-9)
                 print(f"[{elapsed:6.1f}s] {format_progress({**learner.progress(), 'sps': sps})}", file=sys.stderr, flush=True)
         _stop_processes(actors)
-    learner.stop()
+    learner.stop()  # joins an evaluation already under way; its result counts
+    solved = learner.evaluations > 0 and learner.eval_mean >= config.target_return
     result = {"solved": solved, "eval_return": learner.eval_mean if learner.evaluations else None,
               "seconds": round(time.monotonic() - start, 2), "env_steps": learner.env_steps,
               "updates": learner.updates, "policy_version": learner.version}
     print(json.dumps(result), flush=True)
     return 0 if solved else 1
+
+
+COMMANDS = {
+    "learner": (cfg.LearnerConfig, learner_command, "serve actors: replay, training, weight broadcast"),
+    "actor": (cfg.ActorConfig, actor_command, "run environments and stream transitions to a learner"),
+    "env-server": (cfg.EnvServerConfig, env_server_command,
+                   "serve an environment over env.proto, one instance per session"),
+    "run": (cfg.RunConfig, run_command, "a learner and N actors on loopback until solved or out of time"),
+}
 
 
 def _spawn_actor(config: cfg.RunConfig, port: int, index: int) -> subprocess.Popen:

@@ -29,7 +29,7 @@ class LearnerConfig:
     """The learner server: replay, training, weight broadcast, checkpoints, evaluation."""
 
     env: str = "CartPole-v1"
-    """Environment the actors must run (a gymnasium id)."""
+    """Environment the actors must run: a gymnasium id, package.module:function, or grpc://host:port."""
     host: str = "127.0.0.1"
     """Address to listen on. Binding anything but loopback exposes the learner."""
     port: int = 50051
@@ -109,7 +109,7 @@ class ActorConfig:
     learner: str = "127.0.0.1:50051"
     """Learner address HOST:PORT."""
     env: str = "CartPole-v1"
-    """Environment to run (a gymnasium id)."""
+    """Environment to run: a gymnasium id, package.module:function, or grpc://host:port."""
     actor_id: str = ""
     """Stable id across reconnects; default HOSTNAME-PID."""
     num_envs: int = 4
@@ -128,6 +128,28 @@ class ActorConfig:
     """Largest gRPC message accepted."""
     torch_threads: int = 1
     """Torch intra-op threads."""
+
+
+@dataclass
+class EnvServerConfig:
+    """An env server: any environment behind env.proto's Environment service, one instance per session."""
+
+    env: str = "CartPole-v1"
+    """Environment to serve: a gymnasium id or package.module:function."""
+    host: str = "127.0.0.1"
+    """Address to listen on."""
+    port: int = 50061
+    """gRPC port; 0 picks a free one and prints it."""
+    max_sessions: int = 64
+    """Concurrent sessions (env instances); more are refused with RESOURCE_EXHAUSTED."""
+    max_message_bytes: int = 64 * 1024 * 1024
+    """Largest gRPC message accepted or sent."""
+
+    def __post_init__(self):
+        if self.env.startswith("grpc://"):
+            raise ValueError(f"an env server serves a local environment, not {self.env}")
+        if self.max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
 
 
 @dataclass

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from actorlearner import config as cfg
 
-SECTIONS = {"learner": cfg.LearnerConfig, "actor": cfg.ActorConfig, "run": cfg.RunConfig}
+SECTIONS = {"learner": cfg.LearnerConfig, "actor": cfg.ActorConfig, "env-server": cfg.EnvServerConfig,
+            "run": cfg.RunConfig}
 
 
 def render(readme: str) -> str:

@@ -1,5 +1,6 @@
-"""Environment construction from a name, shared by actors, the evaluator and the learner."""
+"""Environments by name (gymnasium id, module:function, grpc://), the env server and RemoteEnv."""
 
 from actorlearner.envs.factory import make_env, make_vector_env
+from actorlearner.envs.remote import RemoteEnv, RemoteEnvError
 
-__all__ = ["make_env", "make_vector_env"]
+__all__ = ["RemoteEnv", "RemoteEnvError", "make_env", "make_vector_env"]

@@ -1,0 +1,166 @@
+"""The env server: any environment behind env.proto's ``Environment`` service, one instance per session."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from concurrent import futures
+
+import gymnasium as gym
+import grpc
+
+from actorlearner import specs, wire
+from actorlearner.transport import grpc_options
+from actorlearner.v1 import env_pb2 as pb
+from actorlearner.v1 import env_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+
+class SessionError(Exception):
+    """A request that failed; answered in the stream with ``code``, the session stays open."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class EnvSession:
+    """One client's environment: executes requests in order and enforces gymnasium's call order."""
+
+    def __init__(self, env: gym.Env, max_bytes: int):
+        self.env = env
+        self.max_bytes = max_bytes
+        self.ready = False  # True between a reset and the end of the episode
+
+    def handle(self, request: pb.EnvRequest) -> pb.EnvResponse:
+        """The response to one request; failures become an in-stream error."""
+        try:
+            kind = request.WhichOneof("kind")
+            if kind == "reset":
+                return pb.EnvResponse(reset=self._reset(request.reset))
+            if kind == "step":
+                return pb.EnvResponse(step=self._step(request.step))
+            if kind == "close":
+                return pb.EnvResponse(close=pb.CloseResponse())
+            raise SessionError(grpc.StatusCode.INVALID_ARGUMENT, "request has no kind set (reset, step or close)")
+        except SessionError as exc:
+            return error_response(exc.code, str(exc))
+        except wire.WireError as exc:
+            return error_response(exc.status_code, f"malformed {request.WhichOneof('kind')} request: {exc}")
+
+    def _reset(self, request: pb.ResetRequest) -> pb.ResetResponse:
+        seed = request.seed if request.HasField("seed") else None
+        options = specs.dict_from_proto(request.options, self.max_bytes) or None
+        self.ready = False
+        obs, info = self._call("reset", seed=seed, options=options)
+        self.ready = True
+        return pb.ResetResponse(observation=specs.value_to_proto(obs), info=info_to_proto(info))
+
+    def _step(self, request: pb.StepRequest) -> pb.StepResponse:
+        if not self.ready:
+            raise SessionError(grpc.StatusCode.FAILED_PRECONDITION,
+                               "step needs a reset first (at the start and after every episode end)")
+        space = self.env.action_space
+        action = specs.value_from_proto(request.action, space, self.max_bytes)
+        if not space.contains(action):
+            raise SessionError(grpc.StatusCode.INVALID_ARGUMENT, f"action {action!r:.200} is not in {space}")
+        obs, reward, terminated, truncated, info = self._call("step", action)
+        self.ready = not (terminated or truncated)
+        return pb.StepResponse(observation=specs.value_to_proto(obs), reward=float(reward),
+                               terminated=bool(terminated), truncated=bool(truncated), info=info_to_proto(info))
+
+    def _call(self, method: str, *args, **kwargs):
+        """Call the env; an exception it raises is the client's INTERNAL error, and the episode is over."""
+        try:
+            return getattr(self.env, method)(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - any failure of user code goes back to the client
+            self.ready = False
+            logger.warning("env %s raised: %r", method, exc)
+            raise SessionError(grpc.StatusCode.INTERNAL, f"env {method} raised {type(exc).__name__}: {exc}") from None
+
+
+def error_response(code: grpc.StatusCode, message: str) -> pb.EnvResponse:
+    return pb.EnvResponse(error=pb.Status(code=code.value[0], message=message))
+
+
+def info_to_proto(info: dict) -> pb.DictValue:
+    """An info dict as a DictValue; a value that cannot travel goes as its repr, text."""
+    entries = []
+    for key, value in info.items():
+        try:
+            message = specs.value_to_proto(value)
+        except ValueError:
+            message = pb.Value(text=repr(value))
+        entries.append(pb.DictValue.Entry(key=str(key), value=message))
+    return pb.DictValue(entries=entries)
+
+
+class EnvironmentService(pb_grpc.EnvironmentServicer):
+    """Sessions of ``make_env()`` environments, at most ``max_sessions`` at once."""
+
+    def __init__(self, make_env: Callable[[], gym.Env], env_id: str, max_sessions: int, max_bytes: int):
+        self.make_env = make_env
+        self.max_bytes = max_bytes
+        self.max_sessions = max_sessions
+        self.active = 0
+        self.lock = threading.Lock()
+        probe = make_env()
+        try:
+            max_steps = probe.spec.max_episode_steps if probe.spec is not None else None
+            self.spec = pb.EnvironmentSpec(
+                env_id=env_id, observation_space=specs.space_to_proto(probe.observation_space),
+                action_space=specs.space_to_proto(probe.action_space), max_episode_steps=max_steps or 0)
+        finally:
+            probe.close()
+
+    def GetSpec(self, request, context):
+        return self.spec
+
+    def Session(self, request_iterator, context) -> Iterator[pb.EnvResponse]:
+        with self.lock:
+            full = self.active >= self.max_sessions
+            self.active += 0 if full else 1
+        if full:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"env server is at its cap of {self.max_sessions} sessions")
+        try:
+            session = EnvSession(self.make_env(), self.max_bytes)
+        except Exception as exc:  # noqa: BLE001 - the env factory is user code
+            self._release()
+            context.abort(grpc.StatusCode.INTERNAL, f"cannot create the environment: {exc}")
+        try:
+            for request in request_iterator:
+                yield session.handle(request)
+                if request.WhichOneof("kind") == "close":
+                    return
+        except grpc.RpcError:
+            pass  # the client vanished or cancelled: clean up below
+        finally:
+            session.env.close()
+            self._release()
+
+    def _release(self) -> None:
+        with self.lock:
+            self.active -= 1
+
+
+@contextlib.contextmanager
+def serve(make_env: Callable[[], gym.Env], env_id: str, host: str = "127.0.0.1", port: int = 0,
+          max_sessions: int = 64, max_bytes: int = 64 * 2**20) -> Iterator[tuple[EnvironmentService, int]]:
+    """Run an env server; yields ``(service, bound port)`` (``port`` 0 picks a free one)."""
+    service = EnvironmentService(make_env, env_id, max_sessions, max_bytes)
+    workers = max_sessions + 4  # a session holds a worker; the rest answer GetSpec and refusals
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="env"),
+                         options=grpc_options(max_bytes))
+    pb_grpc.add_EnvironmentServicer_to_server(service, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen on {host}:{port}")
+    server.start()
+    try:
+        yield service, bound
+    finally:
+        server.stop(grace=2.0).wait()
