@@ -5,7 +5,7 @@ TORCH ?= torch==2.13.0
 SEED ?= 0
 BIN := $(VENV)/bin
 
-.PHONY: run test bench proto docs clean
+.PHONY: run test bench proto docs node-env clean
 
 # The venv and torch first: a pinned CPU torch keeps pip from fetching CUDA wheels.
 $(BIN)/python:
@@ -36,6 +36,10 @@ proto: $(VENV)/.installed-test
 # The README's option tables, regenerated from the config dataclasses.
 docs: $(VENV)/.installed
 	$(BIN)/python -m actorlearner.docs README.md
+
+# The example Node.js environment's dependencies, pinned by its package-lock.json.
+node-env:
+	npm ci --prefix examples/node-env
 
 clean:
 	rm -rf $(VENV) build *.egg-info
