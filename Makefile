@@ -43,3 +43,9 @@ node-env:
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# The Kubernetes manifests: render every overlay (kubectl kustomize), validate strictly
+# against pinned API schemas (offline), check probes, ports, selectors and policies.
+.PHONY: k8s-check
+k8s-check: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q tests/test_k8s.py
