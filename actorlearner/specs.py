@@ -1,20 +1,18 @@
-"""Gymnasium spaces and values <-> proto messages.
+"""Gymnasium spaces <-> proto messages.
 
 Two schemas: learner.proto's ``EnvSpec`` (a Box observation and a Discrete action, what
-the learner checks in Hello) and env.proto's ``Space`` and ``Value`` (every space a custom
-env may use, converted exactly both ways). Unsupported spaces raise ValueError naming
-them; malformed messages raise ``wire.WireError``.
+the learner checks in Hello) and env.proto's ``Space`` (every space a custom env may use,
+converted exactly both ways). Unsupported spaces raise ValueError naming them; malformed
+messages raise ``wire.WireError``.
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
 from actorlearner import wire
+from actorlearner.values import MAX_DEPTH, tensor_from_proto, tensor_to_proto, text_key
 from actorlearner.v1 import env_pb2, learner_pb2
 
 
@@ -148,22 +146,7 @@ def _short(values) -> str:
     return f"[{head}{', ...' if len(values) > 4 else ''}]"
 
 
-# --------------------------------------------------------------------------- env.proto
-
-MAX_DEPTH = 16
-"""Deepest nesting of Dict/Tuple spaces and values accepted from the wire."""
-
-
-def tensor_to_proto(array: Any) -> env_pb2.Tensor:
-    """A Tensor message of ``array`` (numpy scalars and Python numbers become rank-0)."""
-    wire_map = wire.encode_array(np.asarray(array))
-    return env_pb2.Tensor(dtype=wire_map["dtype"], shape=wire_map["shape"], data=bytes(wire_map["data"]))
-
-
-def tensor_from_proto(tensor: env_pb2.Tensor, max_bytes: int = wire.DEFAULT_MAX_BYTES) -> np.ndarray:
-    """The array of a Tensor message, validated like every wire array; a writable copy."""
-    return wire.decode_array({"dtype": tensor.dtype, "shape": list(tensor.shape), "data": tensor.data},
-                             max_bytes, writable=True)
+# --------------------------------------------------------------------------- env.proto spaces
 
 
 def space_to_proto(space: spaces.Space, _depth: int = 0) -> env_pb2.Space:
@@ -185,7 +168,7 @@ def space_to_proto(space: spaces.Space, _depth: int = 0) -> env_pb2.Space:
         return env_pb2.Space(multi_binary=env_pb2.MultiBinarySpace(shape=space.shape, n_is_scalar=scalar))
     if isinstance(space, spaces.Dict):
         return env_pb2.Space(dict=env_pb2.DictSpace(entries=[
-            env_pb2.DictSpace.Entry(key=_text_key(key, space), space=space_to_proto(sub, _depth + 1))
+            env_pb2.DictSpace.Entry(key=text_key(key, space), space=space_to_proto(sub, _depth + 1))
             for key, sub in space.spaces.items()]))
     if isinstance(space, spaces.Tuple):
         return env_pb2.Space(tuple=env_pb2.TupleSpace(spaces=[space_to_proto(sub, _depth + 1) for sub in space]))
@@ -241,70 +224,6 @@ def space_from_proto(message: env_pb2.Space, _depth: int = 0) -> spaces.Space:
     raise wire.WireError("space message has no kind set")
 
 
-def value_to_proto(value: Any, _depth: int = 0) -> env_pb2.Value:
-    """A Value message of an observation, action, info entry or option.
-
-    Arrays and numbers become tensors, mappings DictValues, tuples and lists TupleValues,
-    strings text; anything else raises ValueError naming its type.
-    """
-    if _depth > MAX_DEPTH:
-        raise ValueError(f"values nested deeper than {MAX_DEPTH} are not supported")
-    if isinstance(value, str):
-        return env_pb2.Value(text=value)
-    if isinstance(value, Mapping):
-        return env_pb2.Value(dict=dict_to_proto(value, _depth + 1))
-    if isinstance(value, (tuple, list)):
-        return env_pb2.Value(tuple=env_pb2.TupleValue(items=[value_to_proto(v, _depth + 1) for v in value]))
-    if isinstance(value, (np.ndarray, np.generic, bool, int, float)):
-        return env_pb2.Value(tensor=tensor_to_proto(value))
-    raise ValueError(f"a {type(value).__name__} cannot be sent as an env value")
-
-
-def value_from_proto(message: env_pb2.Value, space: spaces.Space | None = None,
-                     max_bytes: int = wire.DEFAULT_MAX_BYTES, _depth: int = 0) -> Any:
-    """The Python value of a Value message: arrays, dicts, tuples, str.
-
-    A rank-0 tensor becomes a numpy scalar, except as the value of an array space (Box,
-    MultiBinary, MultiDiscrete), where it stays a 0-d array as gymnasium samples it.
-    """
-    if _depth > MAX_DEPTH:
-        raise wire.WireError(f"values nested deeper than {MAX_DEPTH}")
-    kind = message.WhichOneof("kind")
-    if kind == "tensor":
-        array = tensor_from_proto(message.tensor, max_bytes)
-        keep_array = isinstance(space, (spaces.Box, spaces.MultiBinary, spaces.MultiDiscrete))
-        return array[()] if array.ndim == 0 and not keep_array else array
-    if kind == "dict":
-        subspaces = space.spaces if isinstance(space, spaces.Dict) else {}
-        return dict_from_proto(message.dict, max_bytes, _depth + 1, subspaces)
-    if kind == "tuple":
-        subspaces = list(space.spaces) if isinstance(space, spaces.Tuple) else []
-        items = message.tuple.items
-        return tuple(value_from_proto(item, subspaces[i] if i < len(subspaces) else None, max_bytes, _depth + 1)
-                     for i, item in enumerate(items))
-    if kind == "text":
-        return message.text
-    raise wire.WireError("value message has no kind set")
-
-
-def dict_to_proto(mapping: Mapping[str, Any], _depth: int = 0) -> env_pb2.DictValue:
-    """A DictValue of a mapping with text keys (an info dict, reset options)."""
-    return env_pb2.DictValue(entries=[env_pb2.DictValue.Entry(key=_text_key(key, mapping),
-                                                              value=value_to_proto(v, _depth))
-                                      for key, v in mapping.items()])
-
-
-def dict_from_proto(message: env_pb2.DictValue, max_bytes: int = wire.DEFAULT_MAX_BYTES, _depth: int = 0,
-                    subspaces: Mapping[str, spaces.Space] | None = None) -> dict:
-    """The dict of a DictValue; WireError on repeated keys."""
-    out = {}
-    for entry in message.entries:
-        if entry.key in out:
-            raise wire.WireError(f"dict value repeats key {entry.key!r}")
-        out[entry.key] = value_from_proto(entry.value, (subspaces or {}).get(entry.key), max_bytes, _depth)
-    return out
-
-
 def _dtype_name(space: spaces.Space) -> str:
     if space.dtype is None or space.dtype.name not in wire.DTYPES:
         raise ValueError(f"space {space} has dtype {space.dtype}; allowed: {', '.join(wire.DTYPES)}")
@@ -315,9 +234,3 @@ def _integer_dtype(name: str) -> np.dtype:
     if name not in wire.DTYPES or wire.DTYPES[name].kind not in "iu":
         raise wire.WireError(f"{name!r} is not an integer dtype")
     return np.dtype(name)
-
-
-def _text_key(key: Any, owner: Any) -> str:
-    if not isinstance(key, str):
-        raise ValueError(f"key {key!r} of {type(owner).__name__} is not a string; only string keys can be sent")
-    return key

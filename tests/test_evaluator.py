@@ -108,6 +108,19 @@ def test_policy_must_return_one_action_per_observation():
     assert all(env.closed for env in envs)
 
 
+def test_envs_made_before_a_failing_one_are_closed():
+    make_env, envs = stairs_factory()
+
+    def third_fails() -> StairsEnv:
+        if len(envs) == 2:
+            raise RuntimeError("env server at its session cap")
+        return make_env()
+
+    with pytest.raises(RuntimeError, match="session cap"):
+        evaluate(lambda obs: np.ones(len(obs), np.int64), third_fails, episodes=4, num_envs=4, seed=0)
+    assert len(envs) == 2 and all(env.closed for env in envs)
+
+
 def balance(obs: np.ndarray) -> np.ndarray:
     """A crude greedy CartPole policy: push towards the side the pole leans to."""
     return (obs[:, 2] > 0).astype(np.int64)

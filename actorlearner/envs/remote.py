@@ -7,11 +7,14 @@ from typing import Any
 
 import grpc
 import gymnasium as gym
+from google.protobuf.message import DecodeError
 
 from actorlearner import specs
+from actorlearner.envs.steps import StepFormat
 from actorlearner.transport import grpc_options
 from actorlearner.v1 import env_pb2 as pb
 from actorlearner.v1 import env_pb2_grpc as pb_grpc
+from actorlearner.values import dict_from_proto, dict_to_proto, value_from_proto, value_to_proto
 
 SCHEME = "grpc://"
 
@@ -48,49 +51,63 @@ class RemoteEnv(gym.Env):
         self.max_episode_steps = spec.max_episode_steps or None
         self.observation_space = specs.space_from_proto(spec.observation_space)
         self.action_space = specs.space_from_proto(spec.action_space)
-        self._requests: queue.SimpleQueue[pb.EnvRequest | None] = queue.SimpleQueue()
-        self._responses = self._stub.Session(iter(self._requests.get, None))
+        self._steps = StepFormat(self.observation_space, self.action_space)
+        self._requests: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        session = self._channel.stream_stream("/actorlearner.v1.Environment/Session")  # bytes both ways
+        self._responses = session(iter(self._requests.get, None))
         self._closed = False
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        request = pb.ResetRequest(seed=seed, options=specs.dict_to_proto(options or {}))
-        response = self._call(pb.EnvRequest(reset=request), "reset")
-        return (specs.value_from_proto(response.observation, self.observation_space, self.max_bytes),
-                specs.dict_from_proto(response.info, self.max_bytes))
+        request = pb.EnvRequest(reset=pb.ResetRequest(seed=seed, options=dict_to_proto(options or {})))
+        response = self._parse(self._exchange(request.SerializeToString()), "reset")
+        return (value_from_proto(response.observation, self.observation_space, self.max_bytes),
+                dict_from_proto(response.info, self.max_bytes))
 
     def step(self, action):
-        request = pb.StepRequest(action=specs.value_to_proto(action))
-        response = self._call(pb.EnvRequest(step=request), "step")
-        obs = specs.value_from_proto(response.observation, self.observation_space, self.max_bytes)
-        return (obs, response.reward, response.terminated, response.truncated,
-                specs.dict_from_proto(response.info, self.max_bytes))
+        raw = self._steps.encode_request(action)
+        if raw is None:
+            raw = pb.EnvRequest(step=pb.StepRequest(action=value_to_proto(action))).SerializeToString()
+        raw = self._exchange(raw)
+        fast = self._steps.decode_response(raw)
+        if fast is not None:
+            return (*fast, {})
+        response = self._parse(raw, "step")
+        return (value_from_proto(response.observation, self.observation_space, self.max_bytes), response.reward,
+                response.terminated, response.truncated, dict_from_proto(response.info, self.max_bytes))
 
     def close(self) -> None:
         """End the session (the server closes its env) and the channel; safe to call twice."""
         if self._closed:
             return
-        self._closed = True
         try:
-            self._call(pb.EnvRequest(close=pb.CloseRequest()), "close")
+            self._parse(self._exchange(pb.EnvRequest(close=pb.CloseRequest()).SerializeToString()), "close")
         except RemoteEnvError:
             pass  # the session is gone already: nothing left to close on the server
         finally:
+            self._closed = True
             self._requests.put(None)
             self._responses.cancel()
             self._channel.close()
 
-    def _call(self, request: pb.EnvRequest, kind: str):
-        """Send one request and return the matching response body."""
-        if self._closed and kind != "close":
+    def _exchange(self, raw: bytes) -> bytes:
+        """Send one serialized request and return the serialized response."""
+        if self._closed:
             raise RemoteEnvError(self.address, grpc.StatusCode.FAILED_PRECONDITION, "the env is closed")
-        self._requests.put(request)
+        self._requests.put(raw)
         try:
-            response = next(self._responses)
+            return next(self._responses)
         except grpc.RpcError as exc:
             raise RemoteEnvError(self.address, exc.code(), exc.details() or "session ended") from None
         except StopIteration:
             raise RemoteEnvError(self.address, grpc.StatusCode.UNAVAILABLE, "the server ended the session") from None
+
+    def _parse(self, raw: bytes, kind: str):
+        """The body of the response to a ``kind`` request; RemoteEnvError for an error or a wrong answer."""
+        try:
+            response = pb.EnvResponse.FromString(raw)
+        except DecodeError:
+            raise RemoteEnvError(self.address, grpc.StatusCode.INTERNAL, "the server sent a malformed response") from None
         got = response.WhichOneof("kind")
         if got == "error":
             raise RemoteEnvError(self.address, _status_code(response.error.code), response.error.message)

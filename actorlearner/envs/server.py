@@ -8,13 +8,15 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 
-import gymnasium as gym
 import grpc
+import gymnasium as gym
+from google.protobuf.message import DecodeError
 
 from actorlearner import specs, wire
+from actorlearner.envs.steps import StepFormat
 from actorlearner.transport import grpc_options
 from actorlearner.v1 import env_pb2 as pb
-from actorlearner.v1 import env_pb2_grpc as pb_grpc
+from actorlearner.values import dict_from_proto, value_from_proto, value_to_proto
 
 logger = logging.getLogger(__name__)
 
@@ -28,49 +30,70 @@ class SessionError(Exception):
 
 
 class EnvSession:
-    """One client's environment: executes requests in order and enforces gymnasium's call order."""
+    """One client's environment: answers requests in order and enforces gymnasium's call order.
+
+    Requests and responses are serialized bytes: canonical step messages take the
+    :class:`StepFormat` path, everything else is parsed and built as protobuf messages.
+    """
 
     def __init__(self, env: gym.Env, max_bytes: int):
         self.env = env
         self.max_bytes = max_bytes
+        self.steps = StepFormat(env.observation_space, env.action_space)
         self.ready = False  # True between a reset and the end of the episode
+        self.closed = False
 
-    def handle(self, request: pb.EnvRequest) -> pb.EnvResponse:
-        """The response to one request; failures become an in-stream error."""
+    def handle(self, raw: bytes) -> bytes:
+        """The serialized response to one serialized request; failures become an in-stream error."""
         try:
+            if self.ready and (action := self.steps.decode_request(raw)) is not None:
+                return self._step(action)
+            try:
+                request = pb.EnvRequest.FromString(raw)
+            except DecodeError:
+                raise SessionError(grpc.StatusCode.INVALID_ARGUMENT, "request is not an EnvRequest message") from None
             kind = request.WhichOneof("kind")
-            if kind == "reset":
-                return pb.EnvResponse(reset=self._reset(request.reset))
             if kind == "step":
-                return pb.EnvResponse(step=self._step(request.step))
+                return self._step(self._action(request.step))
+            if kind == "reset":
+                return self._reset(request.reset)
             if kind == "close":
-                return pb.EnvResponse(close=pb.CloseResponse())
+                self.closed = True
+                return pb.EnvResponse(close=pb.CloseResponse()).SerializeToString()
             raise SessionError(grpc.StatusCode.INVALID_ARGUMENT, "request has no kind set (reset, step or close)")
         except SessionError as exc:
             return error_response(exc.code, str(exc))
         except wire.WireError as exc:
-            return error_response(exc.status_code, f"malformed {request.WhichOneof('kind')} request: {exc}")
+            return error_response(exc.status_code, f"malformed request: {exc}")
 
-    def _reset(self, request: pb.ResetRequest) -> pb.ResetResponse:
-        seed = request.seed if request.HasField("seed") else None
-        options = specs.dict_from_proto(request.options, self.max_bytes) or None
-        self.ready = False
-        obs, info = self._call("reset", seed=seed, options=options)
-        self.ready = True
-        return pb.ResetResponse(observation=specs.value_to_proto(obs), info=info_to_proto(info))
-
-    def _step(self, request: pb.StepRequest) -> pb.StepResponse:
+    def _action(self, request: pb.StepRequest):
         if not self.ready:
             raise SessionError(grpc.StatusCode.FAILED_PRECONDITION,
                                "step needs a reset first (at the start and after every episode end)")
         space = self.env.action_space
-        action = specs.value_from_proto(request.action, space, self.max_bytes)
+        action = value_from_proto(request.action, space, self.max_bytes)
         if not space.contains(action):
             raise SessionError(grpc.StatusCode.INVALID_ARGUMENT, f"action {action!r:.200} is not in {space}")
+        return action
+
+    def _reset(self, request: pb.ResetRequest) -> bytes:
+        seed = request.seed if request.HasField("seed") else None
+        options = dict_from_proto(request.options, self.max_bytes) or None
+        self.ready = False
+        obs, info = self._call("reset", seed=seed, options=options)
+        self.ready = True
+        return pb.EnvResponse(reset=pb.ResetResponse(observation=value_to_proto(obs),
+                                                     info=info_to_proto(info))).SerializeToString()
+
+    def _step(self, action) -> bytes:
         obs, reward, terminated, truncated, info = self._call("step", action)
+        reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
         self.ready = not (terminated or truncated)
-        return pb.StepResponse(observation=specs.value_to_proto(obs), reward=float(reward),
-                               terminated=bool(terminated), truncated=bool(truncated), info=info_to_proto(info))
+        if not info and (fast := self.steps.encode_response(obs, reward, terminated, truncated)) is not None:
+            return fast
+        return pb.EnvResponse(step=pb.StepResponse(
+            observation=value_to_proto(obs), reward=reward, terminated=terminated, truncated=truncated,
+            info=info_to_proto(info))).SerializeToString()
 
     def _call(self, method: str, *args, **kwargs):
         """Call the env; an exception it raises is the client's INTERNAL error, and the episode is over."""
@@ -82,8 +105,8 @@ class EnvSession:
             raise SessionError(grpc.StatusCode.INTERNAL, f"env {method} raised {type(exc).__name__}: {exc}") from None
 
 
-def error_response(code: grpc.StatusCode, message: str) -> pb.EnvResponse:
-    return pb.EnvResponse(error=pb.Status(code=code.value[0], message=message))
+def error_response(code: grpc.StatusCode, message: str) -> bytes:
+    return pb.EnvResponse(error=pb.Status(code=code.value[0], message=message)).SerializeToString()
 
 
 def info_to_proto(info: dict) -> pb.DictValue:
@@ -91,14 +114,14 @@ def info_to_proto(info: dict) -> pb.DictValue:
     entries = []
     for key, value in info.items():
         try:
-            message = specs.value_to_proto(value)
+            message = value_to_proto(value)
         except ValueError:
             message = pb.Value(text=repr(value))
         entries.append(pb.DictValue.Entry(key=str(key), value=message))
     return pb.DictValue(entries=entries)
 
 
-class EnvironmentService(pb_grpc.EnvironmentServicer):
+class EnvironmentService:
     """Sessions of ``make_env()`` environments, at most ``max_sessions`` at once."""
 
     def __init__(self, make_env: Callable[[], gym.Env], env_id: str, max_sessions: int, max_bytes: int):
@@ -119,7 +142,7 @@ class EnvironmentService(pb_grpc.EnvironmentServicer):
     def GetSpec(self, request, context):
         return self.spec
 
-    def Session(self, request_iterator, context) -> Iterator[pb.EnvResponse]:
+    def Session(self, request_iterator, context) -> Iterator[bytes]:
         with self.lock:
             full = self.active >= self.max_sessions
             self.active += 0 if full else 1
@@ -132,9 +155,9 @@ class EnvironmentService(pb_grpc.EnvironmentServicer):
             self._release()
             context.abort(grpc.StatusCode.INTERNAL, f"cannot create the environment: {exc}")
         try:
-            for request in request_iterator:
-                yield session.handle(request)
-                if request.WhichOneof("kind") == "close":
+            for raw in request_iterator:
+                yield session.handle(raw)
+                if session.closed:
                     return
         except grpc.RpcError:
             pass  # the client vanished or cancelled: clean up below
@@ -155,7 +178,11 @@ def serve(make_env: Callable[[], gym.Env], env_id: str, host: str = "127.0.0.1",
     workers = max_sessions + 4  # a session holds a worker; the rest answer GetSpec and refusals
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="env"),
                          options=grpc_options(max_bytes))
-    pb_grpc.add_EnvironmentServicer_to_server(service, server)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("actorlearner.v1.Environment", {
+        "GetSpec": grpc.unary_unary_rpc_method_handler(service.GetSpec, pb.GetSpecRequest.FromString,
+                                                       pb.EnvironmentSpec.SerializeToString),
+        "Session": grpc.stream_stream_rpc_method_handler(service.Session),  # bytes both ways
+    }),))
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")

@@ -53,8 +53,10 @@ def evaluate(
     its own RNG. Envs with no share (``num_envs > episodes``) are not created.
     """
     shares = [s for s in episode_shares(episodes, num_envs) if s > 0]
-    envs = [make_env() for _ in shares]
+    envs: list[gym.Env] = []
     try:
+        for _ in shares:
+            envs.append(make_env())  # closed below even if a later one cannot be made
         returns: list[list[float]] = [[] for _ in envs]
         lengths: list[list[int]] = [[] for _ in envs]
         obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]

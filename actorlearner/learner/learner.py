@@ -328,6 +328,10 @@ class Learner:
         while not self.stopping.wait(self.config.eval_every):
             if self.updates == 0:
                 continue
-            result = self.evaluate()
+            try:
+                result = self.evaluate()
+            except (RuntimeError, ValueError, OSError) as exc:  # e.g. a remote env refused a session
+                logger.warning("evaluation failed, trying again in %.0f s: %s", self.config.eval_every, exc)
+                continue
             logger.info("eval after %d updates (version %d): mean %.1f std %.1f min %.0f max %.0f",
                         self.updates, self.version, result.mean, result.std, result.min, result.max)
