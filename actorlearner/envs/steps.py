@@ -116,14 +116,13 @@ class StepFormat:
         if prefix is None or len(raw) != self.response_size or not raw.startswith(prefix):
             return None
         dtype, shape, nbytes = self.observation
-        at = len(prefix) + nbytes
-        flags = raw[at + 9:]
-        if raw[at:at + 1] != _REWARD_TAG or flags[0:1] != _TERMINATED_TAG or flags[2:3] != _TRUNCATED_TAG \
-                or flags[1] > 1 or flags[3] > 1:
+        at = len(prefix) + nbytes  # then: reward tag, 8 bytes, terminated tag and byte, truncated tag and byte
+        if raw[at] != 0x11 or raw[at + 9] != 0x18 or raw[at + 11] != 0x20 or raw[at + 10] > 1 or raw[at + 12] > 1:
             return None
         observation = np.frombuffer(raw, dtype, count=nbytes // dtype.itemsize, offset=len(prefix))
-        return (observation.reshape(shape).copy(), _DOUBLE.unpack_from(raw, at + 1)[0],
-                flags[1] == 1, flags[3] == 1)
+        if len(shape) != 1:
+            observation = observation.reshape(shape)
+        return observation.copy(), _DOUBLE.unpack_from(raw, at + 1)[0], raw[at + 10] == 1, raw[at + 12] == 1
 
 
 def _prefix(serialized: bytes, nbytes: int, tail: bytes) -> bytes | None:
