@@ -7,6 +7,7 @@ import dataclasses
 import ipaddress
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import grpc
 
 from actorlearner import config as cfg
 from actorlearner.telemetry import format_progress
+from actorlearner.transport import SecurityConfig, open_channel
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
@@ -33,12 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     status.add_argument("--learner", default="127.0.0.1:50051", help="learner address HOST:PORT")
     status.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
+    cfg.add_arguments(status, SecurityConfig)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     try:
         if args.command == "status":
-            return status_command(args.learner, args.json, args.timeout)
+            return status_command(args.learner, args.json, args.timeout, cfg.build(SecurityConfig, args))
         config_class, command, _ = COMMANDS[args.command]
         config = cfg.build(config_class, args)
     except ValueError as exc:
@@ -57,8 +60,7 @@ def learner_command(config: cfg.LearnerConfig) -> int:
     from actorlearner.learner.learner import Learner
     from actorlearner.learner.server import serve
 
-    if not ipaddress.ip_address(_host_ip(config.host)).is_loopback:
-        logger.warning("listening on %s: every host that can reach it may connect (no authentication)", config.host)
+    warn_if_exposed(config.host, config.security)
     learner = Learner(config)
     stop = threading.Event()
     on_signals(stop.set)
@@ -95,8 +97,9 @@ def env_server_command(config: cfg.EnvServerConfig) -> int:
 
     stop = threading.Event()
     on_signals(stop.set)
+    warn_if_exposed(config.host, config.security)
     with serve(lambda: make_env(config.env), config.env, config.host, config.port, config.max_sessions,
-               config.max_message_bytes) as (_, port):
+               config.max_message_bytes, config.security) as (_, port):
         print(f"env server listening on {config.host}:{port}", flush=True)
         stop.wait()
         logger.info("stopping: closing sessions")
@@ -153,7 +156,9 @@ def _spawn_actor(config: cfg.RunConfig, port: int, index: int) -> subprocess.Pop
     command = [sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
                "--env", config.learner.env, "--num-envs", str(config.num_envs),
                "--seed", str(config.learner.seed * 1000 + index), "--actor-id", f"actor-{index}"]
-    return subprocess.Popen(command)
+    security = {opt.env_var: str(value) for opt in cfg.options(SecurityConfig)
+                if (value := getattr(config.learner.security, opt.path[-1]))}  # by env var: no token in ps
+    return subprocess.Popen(command, env={**os.environ, **security})
 
 
 def _stop_processes(processes: list[subprocess.Popen], timeout: float = 15.0) -> None:
@@ -170,9 +175,9 @@ def _stop_processes(processes: list[subprocess.Popen], timeout: float = 15.0) ->
             proc.wait()
 
 
-def status_command(address: str, as_json: bool, timeout: float) -> int:
+def status_command(address: str, as_json: bool, timeout: float, security: SecurityConfig) -> int:
     """Print GetStatus as a table or one JSON object; exit 1 if the learner does not answer."""
-    with grpc.insecure_channel(address) as channel:
+    with open_channel(address, security) as channel:
         try:
             status: pb.StatusResponse = pb_grpc.LearnerStub(channel).GetStatus(pb.StatusRequest(), timeout=timeout)
         except grpc.RpcError as exc:
@@ -195,6 +200,13 @@ def status_command(address: str, as_json: bool, timeout: float) -> int:
     for a in actors:
         print(f"{a['id']:24s} {a['policy_version']:8d} {a['lag']:5d} {a['batches_per_second']:10.2f} {a['connected']}")
     return 0
+
+
+def warn_if_exposed(host: str, security: SecurityConfig) -> None:
+    """Log loudly when a server listens beyond loopback with nothing keeping strangers out."""
+    if not security.authenticated and not ipaddress.ip_address(_host_ip(host)).is_loopback:
+        logger.warning("!!! listening on %s WITHOUT AUTHENTICATION: every host that can reach it may connect; "
+                       "set --auth-token-file (or ACTORLEARNER_AUTH_TOKEN) and TLS !!!", host)
 
 
 def _host_ip(host: str) -> str:

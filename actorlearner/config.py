@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actorlearner.algorithms.dqn import DQNConfig
+from actorlearner.transport import SecurityConfig
 
 ENV_PREFIX = "ACTORLEARNER_"
 
@@ -100,6 +101,8 @@ class LearnerConfig:
     """Torch intra-op threads (keep small: actors share the cores)."""
     dqn: DQNConfig = field(default_factory=DQNConfig)
     """Ape-X DQN hyperparameters."""
+    security: SecurityConfig = field(default_factory=SecurityConfig, metadata={"flatten": True})
+    """Bearer token and TLS."""
 
 
 @dataclass
@@ -128,6 +131,8 @@ class ActorConfig:
     """Largest gRPC message accepted."""
     torch_threads: int = 1
     """Torch intra-op threads."""
+    security: SecurityConfig = field(default_factory=SecurityConfig, metadata={"flatten": True})
+    """Bearer token and TLS."""
 
 
 @dataclass
@@ -144,6 +149,8 @@ class EnvServerConfig:
     """Concurrent sessions (env instances); more are refused with RESOURCE_EXHAUSTED."""
     max_message_bytes: int = 64 * 1024 * 1024
     """Largest gRPC message accepted or sent."""
+    security: SecurityConfig = field(default_factory=SecurityConfig, metadata={"flatten": True})
+    """Bearer token and TLS."""
 
     def __post_init__(self):
         if self.env.startswith("grpc://"):

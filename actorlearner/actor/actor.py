@@ -36,13 +36,13 @@ class Actor:
         self.config = config
         torch.set_num_threads(config.torch_threads)
         self.actor_id = config.actor_id or f"{socket.gethostname()}-{os.getpid()}"
-        self.envs = make_vector_env(config.env, config.num_envs, config.vector_mode)
+        self.envs = make_vector_env(config.env, config.num_envs, config.vector_mode, config.security)
         obs_space, act_space = self.envs.single_observation_space, self.envs.single_action_space
         self.obs_space, self.act_space = obs_space, act_space
         hello = pb.Hello(actor_id=self.actor_id, protocol_version=wire.PROTOCOL_VERSION, algorithm="dqn",
                          env_spec=specs.env_spec(config.env, obs_space, act_space), policy_version=-1)
         self.link = LearnerLink(config.learner, hello, config.max_message_bytes,
-                                config.reconnect_initial, config.reconnect_max)
+                                config.reconnect_initial, config.reconnect_max, config.security)
         self.algorithm = None
         self.policy_version = -1
         self.env_steps = 0

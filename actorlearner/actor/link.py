@@ -13,7 +13,7 @@ import grpc
 import torch
 
 from actorlearner import wire
-from actorlearner.transport import grpc_options
+from actorlearner.transport import SecurityConfig, grpc_options, open_channel
 from actorlearner.v1 import learner_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -42,8 +42,9 @@ class LearnerLink:
     """
 
     def __init__(self, address: str, hello: pb.Hello, max_message_bytes: int,
-                 reconnect_initial: float = 0.1, reconnect_max: float = 5.0):
+                 reconnect_initial: float = 0.1, reconnect_max: float = 5.0, security: SecurityConfig | None = None):
         self.address = address
+        self.security = security
         self.hello = hello
         self.max_message_bytes = max_message_bytes
         self.reconnect_initial, self.reconnect_max = reconnect_initial, reconnect_max
@@ -143,7 +144,7 @@ class LearnerLink:
         # otherwise a new channel can inherit gRPC's own (growing) reconnect backoff.
         options = grpc_options(self.max_message_bytes) + [("grpc.use_local_subchannel_pool", 1)]
         while not self._closing.is_set():
-            with grpc.insecure_channel(self.address, options=options) as channel:
+            with open_channel(self.address, self.security, options) as channel:
                 try:
                     if self._serve_stream(channel):
                         delay = self.reconnect_initial  # the stream worked: start backoff afresh

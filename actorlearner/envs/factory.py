@@ -14,12 +14,16 @@ import importlib
 import gymnasium as gym
 
 from actorlearner.envs.remote import SCHEME, RemoteEnv
+from actorlearner.transport import SecurityConfig
 
 
-def make_env(name: str) -> gym.Env:
-    """One environment named ``name``; ValueError with the reason when it cannot be made."""
+def make_env(name: str, security: SecurityConfig | None = None) -> gym.Env:
+    """One environment named ``name``; ValueError with the reason when it cannot be made.
+
+    ``security`` is the token and TLS material for a ``grpc://`` env server.
+    """
     if name.startswith(SCHEME):
-        return RemoteEnv(name)
+        return RemoteEnv(name, security=security)
     if ":" in name:
         factory = _factory(name)
         if factory is not None:
@@ -33,12 +37,13 @@ def make_env(name: str) -> gym.Env:
         raise ValueError(f"cannot make environment {name!r}: {exc}") from None
 
 
-def make_vector_env(name: str, num_envs: int, mode: str = "sync") -> gym.vector.VectorEnv:
+def make_vector_env(name: str, num_envs: int, mode: str = "sync",
+                    security: SecurityConfig | None = None) -> gym.vector.VectorEnv:
     """``num_envs`` copies of ``name`` stepped together (``mode``: sync or async)."""
     if mode not in ("sync", "async"):
         raise ValueError(f"vector mode must be sync or async, got {mode!r}")
-    make_env(name).close()  # fail early, in this process, with the clear error
-    factories = [functools.partial(make_env, name)] * num_envs
+    make_env(name, security).close()  # fail early, in this process, with the clear error
+    factories = [functools.partial(make_env, name, security)] * num_envs
     return gym.vector.SyncVectorEnv(factories) if mode == "sync" else gym.vector.AsyncVectorEnv(factories)
 
 

@@ -11,7 +11,7 @@ from google.protobuf.message import DecodeError
 
 from actorlearner import specs
 from actorlearner.envs.steps import StepFormat
-from actorlearner.transport import grpc_options
+from actorlearner.transport import SecurityConfig, grpc_options, open_channel
 from actorlearner.v1 import env_pb2 as pb
 from actorlearner.v1 import env_pb2_grpc as pb_grpc
 from actorlearner.values import dict_from_proto, dict_to_proto, value_from_proto, value_to_proto
@@ -30,17 +30,19 @@ class RemoteEnvError(RuntimeError):
 class RemoteEnv(gym.Env):
     """One session on an env server at ``address`` (``host:port``, optionally ``grpc://``-prefixed).
 
+    ``security`` names the token and TLS material to dial with.
     Spaces come from the server's spec; ``reset`` forwards its seed and options, ``step``
     its action. Errors come back as :class:`RemoteEnvError`. ``close`` ends the session.
     """
 
     metadata = {"render_modes": []}
 
-    def __init__(self, address: str, timeout: float = 30.0, max_message_bytes: int = 64 * 2**20):
+    def __init__(self, address: str, timeout: float = 30.0, max_message_bytes: int = 64 * 2**20,
+                 security: SecurityConfig | None = None):
         self.address = address.removeprefix(SCHEME)
         self.timeout = timeout
         self.max_bytes = max_message_bytes
-        self._channel = grpc.insecure_channel(self.address, options=grpc_options(max_message_bytes))
+        self._channel = open_channel(self.address, security, grpc_options(max_message_bytes))
         self._stub = pb_grpc.EnvironmentStub(self._channel)
         try:
             spec = self._stub.GetSpec(pb.GetSpecRequest(), timeout=timeout, wait_for_ready=True)

@@ -14,7 +14,7 @@ from google.protobuf.message import DecodeError
 
 from actorlearner import specs, wire
 from actorlearner.envs.steps import StepFormat
-from actorlearner.transport import grpc_options
+from actorlearner.transport import SecurityConfig, add_port, auth_interceptors, grpc_options
 from actorlearner.v1 import env_pb2 as pb
 from actorlearner.values import dict_from_proto, value_from_proto, value_to_proto
 
@@ -72,7 +72,7 @@ class EnvSession:
                                "step needs a reset first (at the start and after every episode end)")
         space = self.env.action_space
         action = value_from_proto(request.action, space, self.max_bytes)
-        if not space.contains(action):
+        if not _contains(space, action):
             raise SessionError(grpc.StatusCode.INVALID_ARGUMENT, f"action {action!r:.200} is not in {space}")
         return action
 
@@ -103,6 +103,14 @@ class EnvSession:
             self.ready = False
             logger.warning("env %s raised: %r", method, exc)
             raise SessionError(grpc.StatusCode.INTERNAL, f"env {method} raised {type(exc).__name__}: {exc}") from None
+
+
+def _contains(space: gym.Space, value) -> bool:
+    """``space.contains(value)``; False where gymnasium raises on a value of the wrong structure."""
+    try:
+        return bool(space.contains(value))
+    except Exception:  # noqa: BLE001 - e.g. MultiDiscrete.contains on a ragged tuple raises ValueError
+        return False
 
 
 def error_response(code: grpc.StatusCode, message: str) -> bytes:
@@ -172,20 +180,19 @@ class EnvironmentService:
 
 @contextlib.contextmanager
 def serve(make_env: Callable[[], gym.Env], env_id: str, host: str = "127.0.0.1", port: int = 0,
-          max_sessions: int = 64, max_bytes: int = 64 * 2**20) -> Iterator[tuple[EnvironmentService, int]]:
+          max_sessions: int = 64, max_bytes: int = 64 * 2**20,
+          security: SecurityConfig | None = None) -> Iterator[tuple[EnvironmentService, int]]:
     """Run an env server; yields ``(service, bound port)`` (``port`` 0 picks a free one)."""
     service = EnvironmentService(make_env, env_id, max_sessions, max_bytes)
     workers = max_sessions + 4  # a session holds a worker; the rest answer GetSpec and refusals
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="env"),
-                         options=grpc_options(max_bytes))
+                         options=grpc_options(max_bytes), interceptors=auth_interceptors(security))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("actorlearner.v1.Environment", {
         "GetSpec": grpc.unary_unary_rpc_method_handler(service.GetSpec, pb.GetSpecRequest.FromString,
                                                        pb.EnvironmentSpec.SerializeToString),
         "Session": grpc.stream_stream_rpc_method_handler(service.Session),  # bytes both ways
     }),))
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"cannot listen on {host}:{port}")
+    bound = add_port(server, f"{host}:{port}", security)
     server.start()
     try:
         yield service, bound

@@ -75,7 +75,7 @@ class Learner:
         self.config = config
         torch.set_num_threads(config.torch_threads)
         self.device = resolve_device(config.device)
-        env = make_env(config.env)
+        env = make_env(config.env, config.security)
         self.env_spec = specs.env_spec(config.env, env.observation_space, env.action_space)
         self.observation_space, self.action_space = env.observation_space, env.action_space
         env.close()
@@ -226,7 +226,7 @@ class Learner:
         policy = make_algorithm(self.config.algorithm, self.observation_space, self.action_space,
                                 dataclasses.replace(self.config.dqn, device="cpu", seed=self.config.seed))
         policy.load_policy_state_dict(wire.decode_state_dict(self.broadcast.payload))
-        result = evaluate(lambda obs: policy.act(obs, 0.0), lambda: make_env(self.config.env),
+        result = evaluate(lambda obs: policy.act(obs, 0.0), lambda: make_env(self.config.env, self.config.security),
                           self.config.eval_episodes, self.config.eval_envs, self.config.seed + 10_000 * self.evaluations)
         self.evaluations += 1
         self.eval_mean = result.mean

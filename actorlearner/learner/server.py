@@ -12,7 +12,7 @@ import grpc
 
 from actorlearner import wire
 from actorlearner.learner.learner import ActorRecord, Learner
-from actorlearner.transport import grpc_options
+from actorlearner.transport import add_port, auth_interceptors, grpc_options
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
@@ -145,11 +145,9 @@ def serve(learner: Learner, host: str, port: int, max_streams: int = 64):
     workers = max_streams + 8  # each stream holds a worker; the rest answer GetStatus
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
                          options=grpc_options(learner.config.max_message_bytes),
-                         maximum_concurrent_rpcs=workers)
+                         maximum_concurrent_rpcs=workers, interceptors=auth_interceptors(learner.config.security))
     pb_grpc.add_LearnerServicer_to_server(LearnerService(learner), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"cannot listen on {host}:{port}")
+    bound = add_port(server, f"{host}:{port}", learner.config.security)
     server.start()
     try:
         yield bound
