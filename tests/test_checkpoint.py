@@ -1,9 +1,11 @@
-"""CheckpointStore: round trips, rotation, crash safety, corruption fallback, no pickle."""
+"""CheckpointStore: round trips, rotation, crash safety, corruption fallback, no pickle; the learner's resume."""
 
 import hashlib
 import json
 import logging
 import pickle
+import random
+import time
 import tracemalloc
 
 import gymnasium as gym
@@ -12,10 +14,14 @@ import numpy as np
 import pytest
 import torch
 
-from actorlearner.algorithms.dqn import DQN
+from actorlearner import wire
+from actorlearner.algorithms.dqn import DQN, DQNConfig
+from actorlearner.config import LearnerConfig
 from actorlearner.learner.checkpoint import (
-    MAGIC, CheckpointError, CheckpointStore, read_part, write_part,
+    MAGIC, CheckpointError, CheckpointStore, load_rng_state, read_part, rng_state, write_part,
 )
+from actorlearner.learner.learner import Learner
+from actorlearner.v1 import learner_pb2 as pb
 
 
 def sample_parts(step: int = 0) -> dict[str, dict]:
@@ -321,3 +327,150 @@ def test_corrupt_best_is_skipped(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         assert CheckpointStore(tmp_path).load_best() is None
     assert "skipping best checkpoint" in caplog.text
+
+
+# --------------------------------------------------------------------------- the learner's checkpoints
+
+
+def learner_config(directory, device: str = "cpu", **overrides) -> LearnerConfig:
+    settings = dict(env="CartPole-v1", device=device, replay_capacity=4096, min_replay_size=64, batch_size=32,
+                    rate_error_buffer=1e6, publish_every=5, eval_every=0, checkpoint_dir=str(directory),
+                    dqn=DQNConfig(hidden_sizes=(32, 32), target_update_period=7))
+    return LearnerConfig(**{**settings, **overrides})
+
+
+def ingest(learner: Learner, actor_id: str, seq: int, n: int = 32) -> bool:
+    """Insert one batch of random CartPole-shaped transitions as ``actor_id``'s ``seq``."""
+    rng = np.random.default_rng(seq)
+    obs = rng.normal(size=(n, 4)).astype(np.float32)
+    fields = {"obs": obs, "action": rng.integers(0, 2, n), "reward": np.ones(n, np.float32),
+              "discount": np.full(n, 0.97, np.float32), "next_obs": obs + 0.1}
+    message = pb.ActorMessage.FromString(
+        wire.encode_batch_message(seq, 0, n, wire.encode_batch(fields), wire.Codec.MSGPACK))
+    record = learner.connect(pb.Hello(actor_id=actor_id, policy_version=-1))
+    return learner.ingest(record, message.batch)
+
+
+def wait_for(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def saved_seq_table(directory) -> dict:
+    """The newest checkpoint's seq table, read without opening a store (a live learner owns the directory)."""
+    for path in sorted(directory.glob("ckpt-*"), reverse=True):
+        try:
+            return read_part(path / "learner.part")[0]["seq_table"]
+        except (OSError, CheckpointError):  # pruned or replaced while we read it
+            continue
+    return {}
+
+
+def test_a_resumed_learner_continues_exactly_where_the_checkpoint_was(tmp_path, device):
+    """Model, optimizer, target, replay, priorities, limiter, counters, seq table and RNG all come back."""
+    config = learner_config(tmp_path, device)
+    first = Learner(config)
+    for seq in range(1, 9):
+        assert ingest(first, "a", seq)
+    for _ in range(12):  # past a target sync and a few published versions
+        assert first.train_step()
+    first.checkpoint()
+    assert torch.get_rng_state().shape[0] > 0
+    want_sample = first.replay.sample(32)
+    assert first.train_step()
+    want_params = {k: v.clone() for k, v in first.algorithm.state_dict().items() if isinstance(v, torch.Tensor)}
+
+    torch.manual_seed(12345)  # a fresh process would not share the first learner's generator state
+    resumed = Learner(config)
+    assert (resumed.version, resumed.updates) == (12 // 5, 12)
+    assert resumed.limiter.state_dict() == {"inserts": 8 * 32, "samples": 12 * 32}
+    assert len(resumed.replay) == 8 * 32 and resumed.broadcast.version == 12 // 5
+    got_sample = resumed.replay.sample(32)
+    assert torch.equal(got_sample.indices, want_sample.indices)  # same generator state, priorities and beta
+    assert torch.equal(got_sample.weights, want_sample.weights)
+    assert resumed.train_step()
+    for key, value in resumed.algorithm.state_dict().items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, want_params[key]), key
+    assert resumed.limiter.state_dict() == first.limiter.state_dict()
+    # The seq table came back: an acked batch resent after the restart is a duplicate, a new one is not.
+    assert not ingest(resumed, "a", 8) and not ingest(resumed, "a", 3)
+    assert ingest(resumed, "a", 9) and ingest(resumed, "b", 1)
+    assert len(resumed.replay) == 10 * 32
+
+
+def test_rng_states_round_trip_through_a_checkpoint(tmp_path):
+    torch.manual_seed(1), np.random.seed(2), random.seed(3)
+    np.random.normal(), random.gauss(0, 1)  # leave a cached Gaussian in both
+    CheckpointStore(tmp_path).save(1, {"rng": rng_state(torch.device("cpu"))})
+    want = (torch.rand(4), np.random.rand(4), np.random.normal(), random.random(), random.gauss(0, 1))
+    torch.manual_seed(9), np.random.seed(9), random.seed(9)
+    load_rng_state(CheckpointStore(tmp_path).load_latest()[1]["rng"], torch.device("cpu"))
+    got = (torch.rand(4), np.random.rand(4), np.random.normal(), random.random(), random.gauss(0, 1))
+    assert torch.equal(got[0], want[0]) and np.array_equal(got[1], want[1]) and got[2:] == want[2:]
+
+
+def test_checkpoints_are_written_on_schedule_while_training_waits(tmp_path):
+    """Acked batches reach disk even before min_replay_size allows the first update."""
+    learner = Learner(learner_config(tmp_path, checkpoint_every=0.2, min_replay_size=1000))
+    learner.start()
+    try:
+        assert ingest(learner, "a", 5)
+
+        assert wait_for(lambda: saved_seq_table(tmp_path).get("a") == 5, 10)
+        assert learner.updates == 0
+    finally:
+        learner.stop()
+
+
+def test_a_failing_checkpoint_is_logged_and_training_goes_on(tmp_path, caplog):
+    learner = Learner(learner_config(tmp_path / "ckpt", checkpoint_every=0.2))
+    for seq in range(1, 5):
+        ingest(learner, "a", seq)
+    (tmp_path / "ckpt").rmdir()
+    (tmp_path / "ckpt").write_text("not a directory")  # every save now fails with an OSError
+    with caplog.at_level(logging.ERROR, logger="actorlearner.learner.learner"):
+        learner.start()
+        try:
+            assert wait_for(lambda: "checkpoint failed" in caplog.text, 10)
+            updates = learner.updates
+            assert wait_for(lambda: learner.updates > updates + 10, 10)
+            (tmp_path / "ckpt").unlink()
+            (tmp_path / "ckpt").mkdir()
+            assert wait_for(lambda: saved_seq_table(tmp_path / "ckpt").get("a") == 4, 10)
+        finally:
+            learner.stop()
+
+
+def test_without_the_replay_the_limiter_starts_afresh(tmp_path):
+    config = learner_config(tmp_path, checkpoint_replay=False)
+    first = Learner(config)
+    for seq in range(1, 4):
+        ingest(first, "a", seq)
+    assert first.train_step()
+    first.checkpoint()
+    resumed = Learner(config)
+    assert len(resumed.replay) == 0 and resumed.updates == 1
+    assert resumed.limiter.state_dict() == {"inserts": 0, "samples": 0}  # min_replay_size applies again
+    assert not resumed.limiter.can_sample()
+    assert not ingest(resumed, "a", 3)  # acked before the checkpoint: still a duplicate
+
+
+def test_broken_checkpoints_are_moved_aside_so_newer_saves_survive_pruning(tmp_path, caplog):
+    store = CheckpointStore(tmp_path, keep=2)
+    for step in (5, 6):
+        store.save(step, sample_parts(step))
+        (tmp_path / f"ckpt-{step:012d}" / "replay.part").write_bytes(b"junk")
+    with caplog.at_level(logging.WARNING):
+        assert store.load_latest() is None
+        store.save(0, sample_parts(0))  # a learner starting afresh numbers from 0 again
+    assert "aside to ckpt-000000000006.broken" in caplog.text
+    store.save(1, sample_parts(1))
+    assert [step for step, _ in store.checkpoints()] == [0, 1]
+    assert store.load_latest()[0] == 1
+    assert sorted(p.name for p in tmp_path.glob("*.broken")) == ["ckpt-000000000005.broken",
+                                                                 "ckpt-000000000006.broken"]

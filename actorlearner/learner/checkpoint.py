@@ -5,7 +5,9 @@ A checkpoint is a directory ``ckpt-<step:012d>/`` holding one file per part (e.g
 file's size and sha256. It is written into a temporary directory, fsynced and renamed
 into place, so a crash leaves either the whole checkpoint or none of it. Loading walks
 back from the newest checkpoint, skipping (with a warning) any that is incomplete or
-corrupt. The ``best/`` slot keeps the policy of the best evaluation the same way.
+corrupt; the next save moves those aside to ``ckpt-<step>.broken``, so that they no longer
+count among the ``keep`` newest. The ``best/`` slot keeps the policy of the best evaluation
+the same way.
 
 A part file is::
 
@@ -25,6 +27,7 @@ import json
 import logging
 import math
 import os
+import random
 import re
 import shutil
 import struct
@@ -348,6 +351,7 @@ class CheckpointStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._best_score: float | None = None
         self._best_known = False
+        self._unusable: list[Path] = []  # skipped by load_latest; moved aside by the next save
         for parent in (self.directory, self.best_directory):
             if parent.is_dir():
                 for entry in parent.iterdir():
@@ -366,6 +370,15 @@ class CheckpointStore:
         if type(step) is not int or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
         path = _write_checkpoint(self.directory / f"ckpt-{step:012d}", parts, {"step": step})
+        # Left in place, a broken checkpoint numbered above this one would count among the
+        # newest and pruning would delete good ones instead; keep it for a look.
+        for broken in self._unusable:
+            if broken != path and broken.exists():
+                aside = broken.with_name(broken.name + ".broken")
+                shutil.rmtree(aside, ignore_errors=True)
+                broken.rename(aside)
+                logger.warning("moved unusable checkpoint %s aside to %s", broken, aside.name)
+        self._unusable.clear()
         for _, old in self.checkpoints()[:-self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return path
@@ -386,6 +399,7 @@ class CheckpointStore:
                 return self.load(path)
             except (CheckpointError, OSError) as e:
                 logger.warning("skipping checkpoint %s: %s", path, e)
+                self._unusable.append(path)
         return None
 
     # -- best ------------------------------------------------------------------------------
@@ -429,3 +443,30 @@ class CheckpointStore:
             except (CheckpointError, OSError) as e:
                 logger.warning("skipping best checkpoint %s: %s", path, e)
         return None
+
+
+# --------------------------------------------------------------------------- RNG states
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """The process-wide torch (CPU, and ``device`` if CUDA), numpy and ``random`` generators as a part."""
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    py_version, py_words, py_gauss = random.getstate()
+    state = {"torch.cpu": torch.get_rng_state(), "numpy.kind": np_kind,
+             "numpy.keys": torch.from_numpy(np_keys.astype(np.uint32)), "numpy.pos": int(np_pos),
+             "numpy.has_gauss": int(np_has_gauss), "numpy.cached_gaussian": float(np_gauss),
+             "python.version": py_version, "python.words": torch.tensor(py_words, dtype=torch.int64),
+             "python.gauss_next": py_gauss}
+    if device.type == "cuda":
+        state["torch.cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def load_rng_state(state: Mapping[str, Any], device: torch.device) -> None:
+    """Restore generators saved by :func:`rng_state`; a CUDA state only onto a CUDA ``device``."""
+    torch.set_rng_state(state["torch.cpu"])
+    if "torch.cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["torch.cuda"], device)
+    np.random.set_state((state["numpy.kind"], state["numpy.keys"].numpy(), state["numpy.pos"],
+                         state["numpy.has_gauss"], state["numpy.cached_gaussian"]))
+    random.setstate((state["python.version"], tuple(state["python.words"].tolist()), state["python.gauss_next"]))

@@ -18,7 +18,7 @@ from actorlearner.algorithms import make_algorithm
 from actorlearner.config import LearnerConfig
 from actorlearner.envs import make_env
 from actorlearner.learner.broadcast import PolicyBroadcast
-from actorlearner.learner.checkpoint import CheckpointStore
+from actorlearner.learner.checkpoint import CheckpointStore, load_rng_state, rng_state
 from actorlearner.learner.evaluator import EvalResult, evaluate
 from actorlearner.replay import PrioritizedReplay, RateLimiter
 from actorlearner.v1 import learner_pb2 as pb
@@ -74,6 +74,7 @@ class Learner:
             raise ValueError(f"min_replay_size ({config.min_replay_size}) must be >= batch_size ({config.batch_size})")
         self.config = config
         torch.set_num_threads(config.torch_threads)
+        torch.manual_seed(config.seed)  # replay sampling draws from the global generator
         self.device = resolve_device(config.device)
         env = make_env(config.env, config.security)
         self.env_spec = specs.env_spec(config.env, env.observation_space, env.action_space)
@@ -213,8 +214,6 @@ class Learner:
             self.publish()
         if self.updates % 100 == 0:
             self.telemetry.scalars({**metrics, **self._rates()}, self.updates)
-        if self.checkpoints and time.monotonic() - self._last_checkpoint >= c.checkpoint_every:
-            self.checkpoint()
         return True
 
     def publish(self) -> None:
@@ -240,17 +239,20 @@ class Learner:
     # -- state -----------------------------------------------------------------------------
 
     def checkpoint(self) -> None:
-        """Write model, optimizer, buffer (if configured), version and seq table atomically."""
+        """Write model, optimizer, buffer (if configured), version, seq table and RNGs atomically.
+
+        Call it from the trainer thread (or once it has stopped): the algorithm must not change meanwhile.
+        """
         with self.replay_lock:
             parts = {
                 "algorithm": self.algorithm.state_dict(),
                 "learner": {"version": self.version, "updates": self.updates, "env_steps": self.env_steps,
                             "seq_table": dict(self._seq_table), **self.limiter.state_dict()},
+                "rng": rng_state(self.device),
             }
             if self.config.checkpoint_replay:
                 parts["replay"] = self.replay.state_dict()
             self.checkpoints.save(self.updates, parts)
-        self._last_checkpoint = time.monotonic()
 
     def _restore(self) -> None:
         if not self.checkpoints:
@@ -260,12 +262,14 @@ class Learner:
             return
         step, parts = found
         self.algorithm.load_state_dict(parts["algorithm"])
-        if "replay" in parts:
-            self.replay.load_state_dict(parts["replay"])
         state = parts["learner"]
+        if "replay" in parts:  # without it the buffer starts empty, and so does the limiter's count
+            self.replay.load_state_dict(parts["replay"])
+            self.limiter.load_state_dict(state)
         self.version, self.updates, self.env_steps = int(state["version"]), int(state["updates"]), int(state["env_steps"])
         self._seq_table = {str(k): int(v) for k, v in state["seq_table"].items()}
-        self.limiter.load_state_dict(state)
+        if "rng" in parts:
+            load_rng_state(parts["rng"], self.device)
         logger.info("restored checkpoint %d: version %d, %d items in replay", step, self.version, len(self.replay))
 
     def status(self) -> pb.StatusResponse:
@@ -320,9 +324,19 @@ class Learner:
         self._threads.append(thread)
 
     def _train_loop(self) -> None:
+        """Train (until max_updates) and checkpoint on schedule, even while training waits or is done."""
         limit = self.config.max_updates
-        while not self.stopping.is_set() and not (limit and self.updates >= limit):
-            self.train_step()
+        while not self.stopping.is_set():
+            if limit and self.updates >= limit:
+                self.stopping.wait(0.2)
+            else:
+                self.train_step()
+            if self.checkpoints and time.monotonic() - self._last_checkpoint >= self.config.checkpoint_every:
+                self._last_checkpoint = time.monotonic()
+                try:
+                    self.checkpoint()
+                except OSError as exc:  # e.g. a full disk: keep training, try again next period
+                    logger.error("checkpoint failed: %s", exc)
 
     def _eval_loop(self) -> None:
         while not self.stopping.wait(self.config.eval_every):
