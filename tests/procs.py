@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -18,9 +19,9 @@ FAST_LEARNER = ["--env", "CartPole-v1", "--replay-capacity", "20000", "--min-rep
                 "--dqn-hidden-sizes", "32,32", "--rate-error-buffer", "1000000"]
 
 
-def start_learner(*args: str) -> tuple[subprocess.Popen, int]:
-    """``actorlearner learner --port 0``; returns the process and the port it printed."""
-    proc = subprocess.Popen([sys.executable, "-m", "actorlearner", "learner", "--port", "0", *args],
+def start_learner(*args: str, port: int = 0) -> tuple[subprocess.Popen, int]:
+    """``actorlearner learner --port PORT`` (0: any); returns the process and the port it printed."""
+    proc = subprocess.Popen([sys.executable, "-m", "actorlearner", "learner", "--port", str(port), *args],
                             stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     match = re.search(r"listening on [\d.]+:(\d+)", line)
@@ -30,9 +31,25 @@ def start_learner(*args: str) -> tuple[subprocess.Popen, int]:
     return proc, int(match.group(1))
 
 
-def start_actor(port: int, actor_id: str, *args: str) -> subprocess.Popen:
+def start_actor(port: int, actor_id: str, *args: str, stderr=None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
-                             "--actor-id", actor_id, "--num-envs", "2", *args])
+                             "--actor-id", actor_id, "--num-envs", "2", *args], stderr=stderr)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on right now (for a process that must come back on the same port)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of process ``pid`` in KiB (VmRSS in /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for process {pid}")
 
 
 def status(port: int) -> pb.StatusResponse:

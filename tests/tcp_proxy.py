@@ -1,13 +1,20 @@
-"""A loopback TCP forwarder whose connections a test can cut at will (a stand-in network, not a mock)."""
+"""A loopback TCP forwarder whose connections a test can cut, stall or refuse at will (a stand-in network, not a mock)."""
 
 from __future__ import annotations
 
 import socket
 import threading
 
+UP, DOWN = "up", "down"  # client -> target, target -> client
+
 
 class TcpProxy:
-    """Listens on 127.0.0.1 (port 0) and forwards every connection to ``target_port``."""
+    """Listens on 127.0.0.1 (port 0) and forwards every connection to ``target_port``.
+
+    Besides cutting connections it can partition the network: :meth:`stall` stops moving
+    bytes (optionally after a budget) without closing anything, as a dead link would;
+    :meth:`refuse` closes new connections at once, as a host that is down would.
+    """
 
     def __init__(self, target_port: int):
         self.target_port = target_port
@@ -15,8 +22,13 @@ class TcpProxy:
         self.port = self._listener.getsockname()[1]
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self._flow = threading.Condition(self._lock)
+        self._budget: dict[str, int | None] = {UP: None, DOWN: None}  # bytes still allowed through; None: no limit
+        self._refusing = False
         self._closed = False
         self.cuts = 0
+        self.accepted = 0  # connections accepted, refused ones included
+        self.forwarded = {UP: 0, DOWN: 0}  # bytes passed on, per direction
         threading.Thread(target=self._accept, daemon=True).start()
 
     def live(self) -> bool:
@@ -29,6 +41,7 @@ class TcpProxy:
         with self._lock:
             sockets, self._sockets = self._sockets, set()
             self.cuts += 1
+            self._flow.notify_all()
         for sock in sockets:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -36,9 +49,28 @@ class TcpProxy:
                 pass
             sock.close()
 
+    def stall(self, up_after: int | None = 0, down_after: int | None = 0) -> None:
+        """Stop forwarding once ``up_after`` / ``down_after`` more bytes went through (None: keep
+        forwarding that way); connections stay open and new ones are held the same way."""
+        with self._lock:
+            self._budget = {UP: up_after, DOWN: down_after}
+
+    def refuse(self) -> None:
+        """Close every new connection as soon as it is accepted."""
+        with self._lock:
+            self._refusing = True
+
+    def resume(self) -> None:
+        """Forward everything again (held bytes first) and accept connections normally."""
+        with self._lock:
+            self._budget = {UP: None, DOWN: None}
+            self._refusing = False
+            self._flow.notify_all()
+
     def close(self) -> None:
         self._closed = True
         self._listener.close()
+        self.resume()
         self.cut()
 
     def _accept(self) -> None:
@@ -47,17 +79,42 @@ class TcpProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            with self._lock:
+                self.accepted += 1
+                refusing = self._refusing
+            if refusing:
+                client.close()
+                continue
             upstream = socket.create_connection(("127.0.0.1", self.target_port))
             with self._lock:
                 self._sockets |= {client, upstream}
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+            for src, dst, direction in ((client, upstream, UP), (upstream, client, DOWN)):
+                threading.Thread(target=self._pump, args=(src, dst, direction), daemon=True).start()
 
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _allowance(self, direction: str, wanted: int, sock: socket.socket) -> int:
+        """Wait until some of ``wanted`` bytes may pass (0 once ``sock`` was cut), and count them."""
+        with self._flow:
+            while self._budget[direction] == 0 and sock in self._sockets:
+                self._flow.wait(0.1)
+            if sock not in self._sockets:
+                return 0
+            budget = self._budget[direction]
+            n = wanted if budget is None else min(wanted, budget)
+            if budget is not None:
+                self._budget[direction] = budget - n
+            self.forwarded[direction] += n
+            return n
+
+    def _pump(self, src: socket.socket, dst: socket.socket, direction: str) -> None:
         try:
             while data := src.recv(65536):
-                dst.sendall(data)
+                view = memoryview(data)
+                while view:
+                    n = self._allowance(direction, len(view), src)
+                    if not n:
+                        return
+                    dst.sendall(view[:n])
+                    view = view[n:]
         except OSError:
             pass
         finally:

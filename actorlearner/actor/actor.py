@@ -59,6 +59,7 @@ class Actor:
             self.link.flush(timeout=5.0)
             self.link.close()
             self.envs.close()
+            logger.info("unacked window peak %d of %d batches", self.link.peak_unacked, self.link.max_unacked)
 
     def stop(self) -> None:
         self.stop_event.set()

@@ -52,6 +52,7 @@ class LearnerLink:
         self.welcomed = threading.Event()
         self.error: LinkError | None = None
         self.reconnects = 0
+        self.peak_unacked = 0  # the most batches the window ever held
         self._unacked: OrderedDict[int, bytes] = OrderedDict()
         self._lock = threading.Condition()
         self._requests: queue.Queue | None = None
@@ -87,6 +88,7 @@ class LearnerLink:
                 self._lock.wait(0.2 if remaining is None else min(remaining, 0.2))
             self._raise_if_failed()
             self._unacked[seq] = message
+            self.peak_unacked = max(self.peak_unacked, len(self._unacked))
             if self._requests is not None:
                 self._requests.put(message)
         return True

@@ -1,0 +1,222 @@
+"""Crashes and partitions with real processes, signals and sockets: what survives, what is lost, what stays bounded."""
+
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from actorlearner.actor.actor import Actor
+from actorlearner.config import ActorConfig
+from actorlearner.learner.checkpoint import CheckpointStore, read_part
+from procs import FAST_LEARNER, free_port, rss_kib, start_actor, start_learner, status, stop, wait_until
+from raw_actor import RawActor, tagged_rows
+from tcp_proxy import UP, TcpProxy
+
+RAW_ACTOR = str(Path(__file__).with_name("raw_actor.py"))
+TAG = 4242.0  # obs[:, 2] of a raw actor's transitions; CartPole never gets there
+ROWS = 16  # transitions per raw-actor batch
+BIG_LEARNER = [*FAST_LEARNER, "--replay-capacity", "300000"]  # never wraps within a test: tagged rows stay
+
+
+def connected(port: int) -> set[str]:
+    return {a.actor_id for a in status(port).actors if a.connected}
+
+
+def final_checkpoint(directory: Path) -> dict:
+    """Parts of the newest checkpoint of a learner that has exited."""
+    return CheckpointStore(directory).load_latest()[1]
+
+
+def saved_seq(directory: Path, actor_id: str) -> int:
+    """``actor_id``'s entry in the newest readable checkpoint of a live learner (-1 if none)."""
+    for path in sorted(directory.glob("ckpt-*"), reverse=True):
+        try:
+            return read_part(path / "learner.part")[0]["seq_table"].get(actor_id, -1)
+        except Exception:  # pruned or replaced while we read it
+            continue
+    return -1
+
+
+def settled(read, quiet: float = 1.0, timeout: float = 15.0):
+    """``read()`` once it has not changed for ``quiet`` seconds."""
+    deadline = time.monotonic() + timeout
+    value, since = read(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = read()
+        if now != value:
+            value, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return value
+    raise AssertionError(f"still changing after {timeout}s: {value}")
+
+
+def test_actor_killed_with_a_batch_half_sent_leaves_nothing_of_it(tmp_path):
+    """gRPC hands over whole messages: a batch cut off by SIGKILL halfway through the wire is not inserted."""
+    ckpt = tmp_path / "ckpt"
+    learner, port = start_learner(*BIG_LEARNER, "--checkpoint-dir", str(ckpt))
+    survivor = start_actor(port, "survivor")
+    proxy = TcpProxy(port)
+    victim = subprocess.Popen([sys.executable, RAW_ACTOR, f"127.0.0.1:{proxy.port}", "victim", str(TAG)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in victim.stdout], daemon=True).start()
+
+    def victim_says(prefix: str) -> list[str]:
+        while not (line := lines.get(timeout=60)).startswith(prefix):
+            pass
+        return line.split()
+
+    try:
+        assert victim_says("welcome")
+        victim.stdin.write("".join(f"send {seq} {ROWS}\n" for seq in range(1, 6)))
+        victim.stdin.flush()
+        assert sorted(victim_says("ack")[1:] for _ in range(5)) == [[str(seq), "1"] for seq in range(1, 6)]
+        wait_until(lambda: "survivor" in connected(port) and status(port).inserted > 10, 60, "the survivor streaming")
+
+        # Let 2 MB of the next batch through, then hold the rest, as a slow link would.
+        sent_before = proxy.forwarded[UP]
+        proxy.stall(up_after=2_000_000, down_after=None)
+        victim.stdin.write("send 6 120000\n")
+        victim.stdin.flush()
+        size = int(victim_says("sending")[2])
+        partial = settled(lambda: proxy.forwarded[UP]) - sent_before
+        assert 0 < partial < size, f"{partial} of {size} bytes of the batch reached the learner"
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        proxy.cut()  # the dead process's connection closes; the rest of the batch never comes
+
+        wait_until(lambda: "victim" not in connected(port), 30, "the learner to drop the dead actor")
+        before = status(port).inserted
+        wait_until(lambda: status(port).inserted > before + 5, 30, "the survivor's batches to keep arriving")
+        assert learner.poll() is None and survivor.poll() is None and "survivor" in connected(port)
+    finally:
+        victim.kill()
+        proxy.close()
+        codes = stop(survivor, learner)
+    assert codes == [0, 0]
+    parts = final_checkpoint(ckpt)  # written on SIGTERM: everything the learner holds
+    assert parts["learner"]["seq_table"]["victim"] == 5
+    assert tagged_rows(parts["replay"]["field.obs"].numpy(), TAG) == {seq: list(range(ROWS)) for seq in range(1, 6)}
+
+
+def test_killed_learner_resumes_from_its_checkpoint_and_actors_come_back(tmp_path):
+    ckpt, port = tmp_path / "ckpt", free_port()
+    args = [*BIG_LEARNER, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"]
+    learner, _ = start_learner(*args, port=port)
+    actors = [start_actor(port, "a0"), start_actor(port, "a1", "--seed", "1")]
+    restarted = None
+    try:
+        wait_until(lambda: connected(port) == {"a0", "a1"} and status(port).updates > 20, 60, "training")
+        probe = RawActor(f"127.0.0.1:{port}", "probe", TAG)
+        assert probe.exchange(range(1, 6), ROWS) == [(seq, True, "") for seq in range(1, 6)]
+        probe.close()
+        wait_until(lambda: saved_seq(ckpt, "probe") == 5, 20, "a checkpoint holding the probe's batches")
+        first_id = status(port).learner_id
+        learner.send_signal(signal.SIGKILL)
+        learner.wait(10)
+
+        step, saved = CheckpointStore(ckpt).load_latest()  # what the restarted learner will find
+        saved_version, saved_updates = saved["learner"]["version"], saved["learner"]["updates"]
+        saved_size = len(saved["replay"]["keys"])
+        assert saved["learner"]["seq_table"]["probe"] == 5 and saved_updates == step > 0
+
+        restarted, _ = start_learner(*args, port=port)
+        resumed = status(port)
+        assert resumed.learner_id != first_id
+        assert resumed.policy_version >= saved_version > 0 and resumed.updates >= saved_updates
+        assert resumed.buffer_size >= saved_size
+        # The actors, never restarted, find the new learner on their own.
+        wait_until(lambda: connected(port) == {"a0", "a1"}, 10, "both actors to reconnect within 10 s")
+        assert all(a.poll() is None for a in actors)
+        # Acked before the checkpoint: resent, acked again as duplicates and not stored twice.
+        probe = RawActor(f"127.0.0.1:{port}", "probe", TAG)
+        assert probe.exchange(range(1, 6), ROWS) == [(seq, True, "duplicate") for seq in range(1, 6)]
+        assert probe.exchange([6], ROWS) == [(6, True, "")]
+        probe.close()
+        wait_until(lambda: (s := status(port)).updates > resumed.updates + 20 and s.policy_version > saved_version
+                   and s.inserted > 10, 30, "training and streaming to go on")
+    finally:
+        codes = stop(*actors, *([restarted] if restarted else []))
+        learner.kill()
+    assert codes == [0, 0, 0]
+    final = final_checkpoint(ckpt)
+    assert tagged_rows(final["replay"]["field.obs"].numpy(), TAG) == {seq: list(range(ROWS)) for seq in range(1, 7)}
+    assert final["learner"]["version"] > saved_version
+
+
+def test_partitioned_actor_holds_a_bounded_window_backs_off_and_loses_nothing():
+    learner, port = start_learner(*BIG_LEARNER, "--max-unacked", "4")
+    proxy = TcpProxy(port)
+    actor = Actor(ActorConfig(learner=f"127.0.0.1:{proxy.port}", actor_id="partitioned", num_envs=2))
+    runner = threading.Thread(target=actor.run, daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: status(port).inserted > 20, 60, "batches flowing")
+        link = actor.link
+
+        # A stalled link: nothing moves, nothing closes. The window fills and the env loop waits on it.
+        proxy.stall()
+        wait_until(lambda: link.unacked == 4, 10, "the window to fill")
+        steps, inserted = settled(lambda: actor.env_steps, quiet=0.5), status(port).inserted
+        time.sleep(2)
+        assert (actor.env_steps, status(port).inserted, link.unacked) == (steps, inserted, 4)
+        proxy.resume()
+        wait_until(lambda: status(port).inserted > inserted + 4 and actor.env_steps > steps, 15, "the actor to resume")
+
+        # The learner unreachable: the stream breaks and reconnects are refused; the actor backs off.
+        reconnects, accepted = link.reconnects, proxy.accepted
+        proxy.refuse()
+        proxy.cut()
+        time.sleep(3)
+        attempts = proxy.accepted - accepted
+        assert 2 <= attempts <= 10, f"{attempts} connection attempts in 3 s"  # 0.1 s doubling, jittered
+        assert link.unacked <= 4 and link.reconnects > reconnects
+        inserted = status(port).inserted
+        proxy.resume()
+        wait_until(lambda: status(port).inserted > inserted + 4, 15, "the actor to reconnect and stream again")
+    finally:
+        actor.stop()
+        runner.join(30)
+        proxy.close()
+        final = status(port)
+        codes = stop(learner)
+    assert not runner.is_alive() and codes == [0]
+    assert link.unacked == 0 and link.peak_unacked == 4
+    # Every batch the actor made was acked and stored exactly once.
+    assert final.inserted == actor.batches_sent and final.buffer_size == 64 * actor.batches_sent
+
+
+def test_slow_learner_keeps_memory_bounded_on_both_sides(tmp_path):
+    """Inserts wait on the rate limiter, the stream stalls, the actors' windows fill and their env loops wait."""
+    spi, error_buffer, min_size, batch = 64, 4096, 256, 64
+    learner, port = start_learner(*FAST_LEARNER, "--samples-per-insert", str(spi), "--rate-error-buffer",
+                                  str(error_buffer), "--max-unacked", "4")
+    logs = [tmp_path / f"a{i}.log" for i in range(2)]
+    actors = [start_actor(port, f"a{i}", "--seed", str(i), stderr=log.open("w")) for i, log in enumerate(logs)]
+    try:
+        wait_until(lambda: connected(port) == {"a0", "a1"} and status(port).updates > 50, 60, "training")
+        time.sleep(3)  # warm-up: imports, first allocations, full windows
+        procs = [learner, *actors]
+        rss = [[rss_kib(p.pid)] for p in procs]
+        for _ in range(20):
+            time.sleep(0.5)
+            for samples, proc in zip(rss, procs):
+                samples.append(rss_kib(proc.pid))
+        s = status(port)
+    finally:
+        codes = stop(*actors, learner)
+    assert codes == [0, 0, 0]
+    for name, samples in zip(("learner", "a0", "a1"), rss):
+        assert max(samples) < 1.2 * samples[0], f"{name} RSS grew from {samples[0]} to {max(samples)} KiB: {samples}"
+    # The limiter held inserts to what training allows (one overshooting batch per stream at most).
+    allowed = min_size + (error_buffer + s.updates * batch) / spi
+    assert s.buffer_size <= allowed + 2 * 64 + 64, (s.buffer_size, allowed)
+    for log in logs:
+        peak, window = map(int, re.search(r"unacked window peak (\d+) of (\d+)", log.read_text()).groups())
+        assert peak == window == 4, log.read_text()[-2000:]
