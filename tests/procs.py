@@ -52,8 +52,8 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-def status(port: int) -> pb.StatusResponse:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+def status(port: int, host: str = "127.0.0.1") -> pb.StatusResponse:
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
         return pb_grpc.LearnerStub(channel).GetStatus(pb.StatusRequest(), timeout=5)
 
 

@@ -1,13 +1,17 @@
 """Crashes and partitions with real processes, signals and sockets: what survives, what is lost, what stays bounded."""
 
+import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from actorlearner.actor.actor import Actor
 from actorlearner.config import ActorConfig
@@ -220,3 +224,52 @@ def test_slow_learner_keeps_memory_bounded_on_both_sides(tmp_path):
     for log in logs:
         peak, window = map(int, re.search(r"unacked window peak (\d+) of (\d+)", log.read_text()).groups())
         assert peak == window == 4, log.read_text()[-2000:]
+
+
+@pytest.fixture
+def netns():
+    """A network namespace joined to this one by a veth pair: (namespace, host-side link, host-side address)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 for a network namespace")
+    name, net = f"al{os.getpid()}", f"10.231.{os.getpid() % 250}"
+    host_if, ns_if = f"{name}h", f"{name}n"
+    setup = [["netns", "add", name], ["link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", name],
+             ["addr", "add", f"{net}.1/30", "dev", host_if], ["link", "set", host_if, "up"],
+             ["-n", name, "addr", "add", f"{net}.2/30", "dev", ns_if], ["-n", name, "link", "set", ns_if, "up"],
+             ["-n", name, "link", "set", "lo", "up"]]
+    try:
+        for args in setup:
+            done = subprocess.run(["ip", *args], capture_output=True, text=True)
+            if done.returncode:
+                pytest.skip(f"cannot build a network namespace: ip {' '.join(args)}: {done.stderr.strip()}")
+        yield name, host_if, f"{net}.1"
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)  # takes the veth pair with it
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+
+
+def test_actor_in_a_network_namespace_survives_its_link_going_down(netns, tmp_path):
+    """A kernel-level partition: the veth link goes down under a live stream and comes back."""
+    name, host_if, host = netns
+    learner, port = start_learner(*BIG_LEARNER, "--host", host, "--max-unacked", "4")
+    log = tmp_path / "actor.log"
+    actor = subprocess.Popen(["ip", "netns", "exec", name, sys.executable, "-m", "actorlearner", "actor", "--learner",
+                              f"{host}:{port}", "--actor-id", "netns", "--num-envs", "2"], stderr=log.open("w"))
+    try:
+        wait_until(lambda: status(port, host).inserted > 10, 60, "batches flowing over the veth link")
+        subprocess.run(["ip", "link", "set", host_if, "down"], check=True)
+        inserted = settled(lambda: status(port, host).inserted)
+        time.sleep(3)
+        assert status(port, host).inserted == inserted and actor.poll() is None
+        subprocess.run(["ip", "link", "set", host_if, "up"], check=True)
+        wait_until(lambda: status(port, host).inserted > inserted + 4, 30, "the stream to resume over the link")
+    finally:
+        actor_code, = stop(actor)
+        final = status(port, host)
+        learner_code, = stop(learner)
+    assert (actor_code, learner_code) == (0, 0)
+    text = log.read_text()
+    peak, window = map(int, re.search(r"unacked window peak (\d+) of (\d+)", text).groups())
+    batches = int(re.search(r"stopped after \d+ env steps, (\d+) batches", text).group(1))
+    assert peak == window == 4  # the window filled while the link was down, and went no further
+    assert final.inserted == batches and final.buffer_size == 64 * batches  # nothing acked lost, nothing twice
