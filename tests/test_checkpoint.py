@@ -474,3 +474,11 @@ def test_broken_checkpoints_are_moved_aside_so_newer_saves_survive_pruning(tmp_p
     assert store.load_latest()[0] == 1
     assert sorted(p.name for p in tmp_path.glob("*.broken")) == ["ckpt-000000000005.broken",
                                                                  "ckpt-000000000006.broken"]
+
+
+def test_evaluating_leaves_the_trainers_generator_alone(tmp_path):
+    """Evaluations run on their own thread: they must not reseed or advance the generator replay sampling uses."""
+    learner = Learner(learner_config(tmp_path, eval_episodes=2, eval_envs=2))
+    before = torch.get_rng_state()
+    learner.evaluate()
+    assert torch.equal(torch.get_rng_state(), before)

@@ -83,6 +83,10 @@ class Learner:
         algo_config = dataclasses.replace(config.dqn, device=str(self.device), seed=config.seed)
         self.algorithm = make_algorithm(config.algorithm, self.observation_space, self.action_space, algo_config)
         self.fields = self.algorithm.transition_fields()
+        # Built now, not per evaluation: building a network on the evaluator's thread would
+        # reseed and advance the generator the trainer samples with.
+        self._eval_policy = make_algorithm(config.algorithm, self.observation_space, self.action_space,
+                                           dataclasses.replace(config.dqn, device="cpu", seed=config.seed))
         self.replay = PrioritizedReplay(config.replay_capacity, self.fields, alpha=config.alpha, beta=config.beta,
                                         beta_steps=config.beta_steps, device=self.device)
         self.limiter = RateLimiter(config.min_replay_size, config.samples_per_insert, config.rate_error_buffer)
@@ -222,8 +226,7 @@ class Learner:
 
     def evaluate(self) -> EvalResult:
         """Greedy episodes with the latest published policy, decoded from the same bytes actors get."""
-        policy = make_algorithm(self.config.algorithm, self.observation_space, self.action_space,
-                                dataclasses.replace(self.config.dqn, device="cpu", seed=self.config.seed))
+        policy = self._eval_policy
         policy.load_policy_state_dict(wire.decode_state_dict(self.broadcast.payload))
         result = evaluate(lambda obs: policy.act(obs, 0.0), lambda: make_env(self.config.env, self.config.security),
                           self.config.eval_episodes, self.config.eval_envs, self.config.seed + 10_000 * self.evaluations)
