@@ -79,6 +79,8 @@ class LearnerConfig:
     """Actors expected; spreads the Ape-X epsilons over this many indices."""
     max_message_bytes: int = 16 * 1024 * 1024
     """Largest gRPC message accepted or sent."""
+    max_streams: int = 64
+    """Concurrent actor streams (Connect calls); more are refused with RESOURCE_EXHAUSTED."""
     chunk_bytes: int = 4 * 1024 * 1024
     """Policy updates larger than this are split into chunks."""
     checkpoint_dir: str = ""

@@ -217,7 +217,7 @@ def space_from_proto(message: env_pb2.Space, _depth: int = 0) -> spaces.Space:
                                 for entry in message.dict.entries])
         if kind == "tuple":
             return spaces.Tuple([space_from_proto(sub, _depth + 1) for sub in message.tuple.spaces])
-    except (ValueError, TypeError, AssertionError) as exc:
+    except (ValueError, TypeError, AssertionError, OverflowError) as exc:
         if isinstance(exc, wire.WireError):
             raise
         raise wire.WireError(f"invalid {kind} space: {exc}") from None

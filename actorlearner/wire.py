@@ -10,6 +10,7 @@ byte length, size caps before allocating, finite floats) and every rejection is 
 from __future__ import annotations
 
 import enum
+import itertools
 import math
 import zlib
 from collections.abc import Mapping, Sequence
@@ -89,7 +90,7 @@ class Codec(enum.IntEnum):
                 codec = cls[key]
             else:
                 codec = cls(int(value))
-        except (KeyError, ValueError, TypeError):
+        except (KeyError, ValueError, TypeError, OverflowError):
             raise WireError(f"unknown codec {value!r}") from None
         if codec is cls.UNSPECIFIED:
             raise WireError("codec is unspecified")
@@ -154,16 +155,35 @@ def decode_array(
     return array.copy() if writable and not array.flags.writeable else array
 
 
-def _unpack(payload: Buffer, max_bytes: int, what: str) -> Any:
-    """Msgpack-decode ``payload`` with size caps, mapping every failure to WireError."""
+def _unpack(payload: Buffer, max_bytes: int, what: str, max_entries: int | None = None) -> Any:
+    """Msgpack-decode ``payload`` with size caps, mapping every failure to WireError.
+
+    Bytes are not the whole cost: an empty map is one byte on the wire and ~80 in Python.
+    So arrays hold at most MAX_RANK items (shapes are the only arrays), and with
+    ``max_entries`` (fields or parameters) maps hold at most that many entries and the
+    decode stops at the first map or array past ``2 * max_entries + 1`` (the top map, and
+    per entry its array map and shape): memory stays proportional to the expected layout.
+    """
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise WireError(f"{what} must be bytes, got {type(payload).__name__}")
     if len(payload) > max_bytes:
         raise WireError(
             f"{what} is {len(payload)} bytes, over the cap of {max_bytes}", "RESOURCE_EXHAUSTED"
         )
+    limits: dict[str, Any] = {"max_array_len": MAX_RANK}
+    if max_entries is not None:
+        max_containers, counter = 2 * max_entries + 1, itertools.count(1)
+
+        def count(container: Any) -> Any:
+            if next(counter) > max_containers:
+                raise WireError(f"{what} holds more than {max_containers} maps and arrays")
+            return container
+
+        limits.update(max_map_len=max(max_entries, len(_ARRAY_KEYS)), object_hook=count, list_hook=count)
     try:
-        return msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
+        return msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True, **limits)
+    except WireError:
+        raise
     except Exception as e:  # msgpack raises many types on garbage; all mean bad input.
         raise WireError(f"{what} is not valid msgpack: {type(e).__name__}: {e}"[:300]) from None
 
@@ -244,7 +264,8 @@ def decode_batch(
     codec = Codec.parse(codec)
     if type(num_transitions) is not int or num_transitions < 1:
         raise WireError(f"num_transitions must be a positive int, got {num_transitions!r}")
-    obj = _unpack(_decompress(payload, codec, max_bytes), max_bytes, "batch payload")
+    # A few entries of slack so that extra fields are still named as such by _check_keys.
+    obj = _unpack(_decompress(payload, codec, max_bytes), max_bytes, "batch payload", len(spec) + 8)
     if not isinstance(obj, dict):
         raise WireError(f"batch payload must be a map of fields, got {type(obj).__name__}")
     _check_keys(obj, spec, "field", "INVALID_ARGUMENT")
@@ -300,7 +321,9 @@ def decode_state_dict(
 
     A mismatch with ``expected`` (the local model) raises WireError(FAILED_PRECONDITION).
     """
-    obj = _unpack(payload, max_bytes, "state dict payload")
+    # Without ``expected``, a parameter takes at least 16 bytes of a well-formed payload.
+    entries = len(expected) + 8 if expected is not None else len(payload) // 16 + 1
+    obj = _unpack(payload, max_bytes, "state dict payload", entries)
     if not isinstance(obj, dict):
         raise WireError(f"state dict payload must be a map, got {type(obj).__name__}")
     if not all(isinstance(k, str) for k in obj):

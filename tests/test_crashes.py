@@ -15,7 +15,7 @@ import pytest
 
 from actorlearner.actor.actor import Actor
 from actorlearner.config import ActorConfig
-from actorlearner.learner.checkpoint import CheckpointStore, read_part
+from actorlearner.learner.checkpoint import CheckpointError, CheckpointStore, read_part
 from procs import FAST_LEARNER, free_port, rss_kib, start_actor, start_learner, status, stop, wait_until
 from raw_actor import RawActor, tagged_rows
 from tcp_proxy import UP, TcpProxy
@@ -40,7 +40,7 @@ def saved_seq(directory: Path, actor_id: str) -> int:
     for path in sorted(directory.glob("ckpt-*"), reverse=True):
         try:
             return read_part(path / "learner.part")[0]["seq_table"].get(actor_id, -1)
-        except Exception:  # pruned or replaced while we read it
+        except (OSError, CheckpointError):  # pruned or replaced while we read it
             continue
     return -1
 

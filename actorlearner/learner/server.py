@@ -9,6 +9,7 @@ from collections import deque
 from concurrent import futures
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from actorlearner import wire
 from actorlearner.learner.learner import ActorRecord, Learner
@@ -55,11 +56,26 @@ class Session:
 class LearnerService(pb_grpc.LearnerServicer):
     """Thin servicer: every decision is the :class:`Learner`'s."""
 
-    def __init__(self, learner: Learner):
+    def __init__(self, learner: Learner, max_streams: int = 64):
         self.learner = learner
+        self.max_streams = max_streams
+        self._streams = threading.BoundedSemaphore(max_streams)
 
     def Connect(self, request_iterator, context):
-        first = next(request_iterator, None)
+        """One actor session; past ``max_streams`` open streams a new one is refused, not queued."""
+        if not self._streams.acquire(blocking=False):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"the learner is at its cap of {self.max_streams} concurrent streams (max_streams)")
+        try:
+            yield from self._session(_parsed(request_iterator), context)
+        finally:
+            self._streams.release()
+
+    def _session(self, request_iterator, context):
+        try:
+            first = next(request_iterator, None)
+        except wire.WireError as exc:
+            context.abort(exc.status_code, str(exc))
         if first is None:
             return
         if first.WhichOneof("kind") != "hello":
@@ -139,14 +155,52 @@ class LearnerService(pb_grpc.LearnerServicer):
                 yield from messages
 
 
+def _parse_actor_message(data: bytes) -> pb.ActorMessage | wire.WireError:
+    """Connect's request deserializer: bytes that do not parse become a WireError that the
+    session answers with INVALID_ARGUMENT (gRPC's own would end the stream with a bare INTERNAL)."""
+    try:
+        return pb.ActorMessage.FromString(data)
+    except DecodeError as exc:
+        return wire.WireError(f"message does not parse as an ActorMessage: {exc}")
+
+
+def _parsed(requests):
+    """The actor's messages; raises the WireError standing for one that did not parse."""
+    for message in requests:
+        if isinstance(message, wire.WireError):
+            raise message
+        yield message
+
+
+def add_learner_service(service: LearnerService, server: grpc.Server) -> None:
+    """``add_LearnerServicer_to_server`` with Connect's deserializer swapped for :func:`_parse_actor_message`."""
+    name = pb.DESCRIPTOR.services_by_name["Learner"].full_name
+    handlers = {
+        "Connect": grpc.stream_stream_rpc_method_handler(
+            service.Connect, request_deserializer=_parse_actor_message,
+            response_serializer=pb.LearnerMessage.SerializeToString),
+        "GetStatus": grpc.unary_unary_rpc_method_handler(
+            service.GetStatus, request_deserializer=pb.StatusRequest.FromString,
+            response_serializer=pb.StatusResponse.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)
+
+
 @contextlib.contextmanager
-def serve(learner: Learner, host: str, port: int, max_streams: int = 64):
-    """Run the Learner service; yields the bound port (``port`` 0 picks a free one)."""
-    workers = max_streams + 8  # each stream holds a worker; the rest answer GetStatus
+def serve(learner: Learner, host: str, port: int, max_streams: int | None = None):
+    """Run the Learner service; yields the bound port (``port`` 0 picks a free one).
+
+    ``max_streams`` (default ``learner.config.max_streams``) caps concurrent Connect streams.
+    """
+    max_streams = learner.config.max_streams if max_streams is None else max_streams
+    if max_streams < 1:
+        raise ValueError(f"max_streams must be >= 1, got {max_streams}")
+    workers = max_streams + 8  # each stream holds a worker; the rest answer GetStatus and refusals
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
                          options=grpc_options(learner.config.max_message_bytes),
                          maximum_concurrent_rpcs=workers, interceptors=auth_interceptors(learner.config.security))
-    pb_grpc.add_LearnerServicer_to_server(LearnerService(learner), server)
+    add_learner_service(LearnerService(learner, max_streams), server)
     bound = add_port(server, f"{host}:{port}", learner.config.security)
     server.start()
     try:
