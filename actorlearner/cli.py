@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import ipaddress
 import json
@@ -17,6 +18,8 @@ import time
 import grpc
 
 from actorlearner import config as cfg
+from actorlearner.health import CONNECTED, Health
+from actorlearner.metrics import serve_metrics
 from actorlearner.telemetry import format_progress
 from actorlearner.transport import SecurityConfig, open_channel
 from actorlearner.v1 import learner_pb2 as pb
@@ -56,21 +59,25 @@ def on_signals(handler) -> None:
 
 
 def learner_command(config: cfg.LearnerConfig) -> int:
-    """Serve until SIGTERM/SIGINT, then stop accepting, write a final checkpoint and exit 0."""
+    """Serve until SIGTERM/SIGINT; then report NOT_SERVING, stop accepting, checkpoint and exit 0."""
     from actorlearner.learner.learner import Learner
     from actorlearner.learner.server import serve
 
     warn_if_exposed(config.host, config.security)
-    learner = Learner(config)
+    learner = Learner(config)  # restores the newest good checkpoint, buffer included
     stop = threading.Event()
     on_signals(stop.set)
-    with serve(learner, config.host, config.port) as port:
-        print(f"learner listening on {config.host}:{port}", flush=True)
+    health = Health()
+    with serve(learner, config.host, config.port, health=health) as port, \
+            _metrics(config.host, config.metrics_port, learner.metrics):
         learner.start()
+        health.set(True)
+        print(f"learner listening on {config.host}:{port}", flush=True)
         while not stop.wait(5.0):
             logger.info("%s", format_progress(learner.progress()))
-        logger.info("stopping: no new streams, final checkpoint")
-    learner.stop()
+        health.set(False)  # draining: probes see NOT_SERVING while the final checkpoint is written
+        logger.info("stopping: actors told to go, final checkpoint")
+        learner.stop()
     return 0
 
 
@@ -81,27 +88,59 @@ def actor_command(config: cfg.ActorConfig) -> int:
 
     actor = Actor(config)
     on_signals(actor.stop)
+    health = Health()
+    if config.health_port:
+        health.listen(config.listen_host, config.health_port)
+        health.set(True)
+        threading.Thread(target=_report_connection, args=(actor, health), daemon=True, name="health").start()
     try:
-        actor.run()
+        with _metrics(config.listen_host, config.metrics_port, actor.metrics):
+            actor.run()
     except LinkError as exc:
         logger.error("%s", exc)
         return 2
+    finally:
+        health.close()
     logger.info("actor %s stopped after %d env steps, %d batches", actor.actor_id, actor.env_steps, actor.batches_sent)
     return 0
 
 
+def _report_connection(actor, health: Health) -> None:
+    """Keep the actor's "connected" health service in step with its learner stream."""
+    while not actor.stop_event.wait(0.5):
+        health.set(actor.link.connected, CONNECTED)
+
+
+@contextlib.contextmanager
+def _metrics(host: str, port: int, read):
+    """Serve Prometheus metrics on ``port`` for the duration of the block (nothing when 0)."""
+    if not port:
+        yield
+        return
+    server, bound = serve_metrics(host, port, read)
+    logger.info("metrics on http://%s:%d/metrics", host, bound)
+    try:
+        yield
+    finally:
+        server.shutdown()
+
+
 def env_server_command(config: cfg.EnvServerConfig) -> int:
-    """Serve ``config.env`` until SIGTERM/SIGINT; exit 0."""
+    """Serve ``config.env`` until SIGTERM/SIGINT (reported NOT_SERVING while closing); exit 0."""
     from actorlearner.envs import make_env
     from actorlearner.envs.server import serve
 
+    warn_if_exposed(config.host, config.security)
     stop = threading.Event()
     on_signals(stop.set)
-    warn_if_exposed(config.host, config.security)
+    health = Health()
     with serve(lambda: make_env(config.env), config.env, config.host, config.port, config.max_sessions,
-               config.max_message_bytes, config.security) as (_, port):
+               config.max_message_bytes, config.security, health) as (service, port), \
+            _metrics(config.host, config.metrics_port, service.metrics):
+        health.set(True)
         print(f"env server listening on {config.host}:{port}", flush=True)
         stop.wait()
+        health.set(False)
         logger.info("stopping: closing sessions")
     return 0
 

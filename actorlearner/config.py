@@ -101,6 +101,8 @@ class LearnerConfig:
     """TensorBoard log directory; empty disables logging."""
     torch_threads: int = 1
     """Torch intra-op threads (keep small: actors share the cores)."""
+    metrics_port: int = 0
+    """Prometheus /metrics port, on host; 0 disables it."""
     dqn: DQNConfig = field(default_factory=DQNConfig)
     """Ape-X DQN hyperparameters."""
     security: SecurityConfig = field(default_factory=SecurityConfig, metadata={"flatten": True})
@@ -133,6 +135,12 @@ class ActorConfig:
     """Largest gRPC message accepted."""
     torch_threads: int = 1
     """Torch intra-op threads."""
+    listen_host: str = "127.0.0.1"
+    """Address the health and metrics ports listen on (0.0.0.0 in a pod, for probes and scrapes)."""
+    health_port: int = 0
+    """gRPC health port (grpc.health.v1; service "connected" while streaming); 0 disables it."""
+    metrics_port: int = 0
+    """Prometheus /metrics port, on listen_host; 0 disables it."""
     security: SecurityConfig = field(default_factory=SecurityConfig, metadata={"flatten": True})
     """Bearer token and TLS."""
 
@@ -149,6 +157,8 @@ class EnvServerConfig:
     """gRPC port; 0 picks a free one and prints it."""
     max_sessions: int = 64
     """Concurrent sessions (env instances); more are refused with RESOURCE_EXHAUSTED."""
+    metrics_port: int = 0
+    """Prometheus /metrics port, on host; 0 disables it."""
     max_message_bytes: int = 64 * 1024 * 1024
     """Largest gRPC message accepted or sent."""
     security: SecurityConfig = field(default_factory=SecurityConfig, metadata={"flatten": True})

@@ -89,7 +89,7 @@ def test_env_server_with_a_token(tmp_path):
         env.reset(seed=0)
         env.step(0)
         env.close()
-        assert service.active == 0
+        wait_until(lambda: service.active == 0, 5, "the session closed")
 
 
 @pytest.fixture

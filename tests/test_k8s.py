@@ -41,10 +41,6 @@ TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
     "gpu+remote-env+tls": ("overlays/gpu", ("components/remote-env", "components/tls")),
 }
 
-# Options the manifests set before every binary has them (see docs/deploy-kubernetes.md):
-# accepted as env vars even where the component's config class does not know them yet.
-PENDING_OPTIONS = {"metrics_port", "health_port", "auth_token_file", "tls_cert", "tls_key", "tls_ca"}
-
 METRICS_PORT = 9100
 ACTOR_HEALTH_PORT = 50052
 AUTH_SECRET = "actorlearner-auth"
@@ -54,17 +50,8 @@ LABEL_NAME = "app.kubernetes.io/name"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 
 
-def env_server_config_class():
-    """EnvServerConfig when the code has it (it is being added alongside these manifests)."""
-    return getattr(cfg, "EnvServerConfig", None)
-
-
-def env_server_default_port() -> int:
-    cls = env_server_config_class()
-    return cls().port if cls is not None else 50061
-
-
-CONFIG_CLASSES = {"learner": cfg.LearnerConfig, "actor": cfg.ActorConfig, "run": cfg.RunConfig}
+CONFIG_CLASSES = {"learner": cfg.LearnerConfig, "actor": cfg.ActorConfig, "run": cfg.RunConfig,
+                  "env-server": cfg.EnvServerConfig}
 
 
 # ---------------------------------------------------------------------------------------
@@ -288,10 +275,7 @@ def subcommand(container: dict) -> str:
 
 
 def config_class(container: dict):
-    name = subcommand(container)
-    if name == "env-server":
-        return env_server_config_class()
-    return CONFIG_CLASSES[name]
+    return CONFIG_CLASSES[subcommand(container)]
 
 
 _configs: dict[int, tuple[dict, Any]] = {}
@@ -347,7 +331,7 @@ def setting(docs: list[dict], workload: dict, container: dict, name: str):
         return getattr(config, name)
     raw = raw_setting(docs, workload, container, name)
     if raw is None and name == "port" and subcommand(container) == "env-server":
-        return env_server_default_port()
+        return cfg.EnvServerConfig().port
     return int(raw) if raw is not None and name.endswith("port") else raw
 
 
@@ -526,13 +510,10 @@ def test_settings_are_known_options(docs):
     for w in workloads(docs):
         for c in pod_spec(w)["containers"]:
             cls = config_class(c)
-            known = {o.env_var for o in cfg.options(cls)} if cls else set()
-            if cls is None:  # env-server before EnvServerConfig exists: shared names only
-                known = {o.env_var for k in CONFIG_CLASSES.values() for o in cfg.options(k)}
-            pending = {cfg.ENV_PREFIX + p.upper() for p in PENDING_OPTIONS}
+            known = {o.env_var for o in cfg.options(cls)}
             for var in c.get("env", []):
                 if var["name"].startswith(cfg.ENV_PREFIX):
-                    assert var["name"] in known | pending, f"{c['name']}: {var['name']} is no option"
+                    assert var["name"] in known, f"{c['name']}: {var['name']} is no option"
             config = effective_config(docs, w, c)  # parses the TOML and every value
             args = c.get("args", [])
             if "--config" in args:
@@ -541,7 +522,7 @@ def test_settings_are_known_options(docs):
                 paths = {o.path for o in cfg.options(cls)}
                 for path in _toml_paths(table):
                     assert path in paths, f"{c['name']}: TOML key {'.'.join(path)} is no option"
-            assert config is not None or subcommand(c) == "env-server"
+            assert config is not None
 
 
 def _toml_paths(table: dict, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -656,7 +637,7 @@ def test_remote_env(target, docs):
     ports = container_ports(c)
     assert subcommand(c) == "env-server"
     assert setting(docs, server, c, "host") == "0.0.0.0"
-    assert setting(docs, server, c, "port") == ports["grpc"] == env_server_default_port()
+    assert setting(docs, server, c, "port") == ports["grpc"] == cfg.EnvServerConfig().port
     served = setting(docs, server, c, "env")
     assert served and not served.startswith("grpc://"), "an env server serves a local environment"
     # actors and the learner (evaluation) name a grpc:// env that is the env server Service

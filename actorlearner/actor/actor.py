@@ -19,6 +19,8 @@ from actorlearner.algorithms import make_algorithm
 from actorlearner.algorithms.dqn import DQNConfig, apex_epsilons
 from actorlearner.config import ActorConfig
 from actorlearner.envs import make_vector_env
+from actorlearner.metrics import Metric
+from actorlearner.telemetry import RateMeter
 from actorlearner.v1 import learner_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -46,6 +48,8 @@ class Actor:
         self.algorithm = None
         self.policy_version = -1
         self.env_steps = 0
+        self.steps_meter = RateMeter()
+        self.last_return = float("nan")
         self.batches_sent = 0
         self.stop_event = threading.Event()
 
@@ -63,6 +67,18 @@ class Actor:
 
     def stop(self) -> None:
         self.stop_event.set()
+
+    def metrics(self) -> list[Metric]:
+        """What the actor exposes to Prometheus."""
+        return [
+            Metric("env_steps_total", "Env steps taken.", self.env_steps, counter=True),
+            Metric("env_steps_per_second", "Env steps per second.", self.steps_meter.rate()),
+            Metric("batches_sent_total", "Trajectory batches sent.", self.batches_sent, counter=True),
+            Metric("unacked_batches", "Batches sent and not yet acknowledged.", self.link.unacked),
+            Metric("policy_version", "Policy version this actor runs.", self.policy_version),
+            Metric("connected", "1 while the stream to the learner is up.", float(self.link.connected)),
+            Metric("episode_return", "Return of the last finished episode (NaN before any).", self.last_return),
+        ]
 
     def _wait_for_policy(self) -> None:
         """Block until the learner has welcomed us and sent a policy."""
@@ -110,6 +126,7 @@ class Actor:
             next_obs, rewards, terminated, truncated, _ = self.envs.step(actions)
             real = ~was_done  # with next-step autoreset, a step after an episode end is a reset
             self.env_steps += int(real.sum())
+            self.steps_meter.add(int(real.sum()))
             steps_since_stats += int(real.sum())
             returns += np.where(real, rewards, 0.0)
             lengths += real
@@ -117,6 +134,7 @@ class Actor:
             for i in np.flatnonzero(done):
                 done_returns.append(float(returns[i]))
                 done_lengths.append(int(lengths[i]))
+                self.last_return = done_returns[-1]
             returns[done], lengths[done] = 0.0, 0
             was_done = done
             transitions = assembler.push(obs, actions, rewards, terminated, truncated, next_obs)

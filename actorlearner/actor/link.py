@@ -50,6 +50,7 @@ class LearnerLink:
         self.reconnect_initial, self.reconnect_max = reconnect_initial, reconnect_max
         self.welcome: pb.Welcome | None = None
         self.welcomed = threading.Event()
+        self.connected = False  # a stream is up and welcomed
         self.error: LinkError | None = None
         self.reconnects = 0
         self.peak_unacked = 0  # the most batches the window ever held
@@ -185,6 +186,7 @@ class LearnerLink:
         try:
             return self._read(self._call, assembler)
         finally:
+            self.connected = False
             self._call.cancel()
 
     def _read(self, call, assembler: wire.ChunkAssembler) -> bool:
@@ -206,6 +208,7 @@ class LearnerLink:
                         self._policy = (update.version, state)
             elif kind == "welcome":
                 self.welcome, welcomed = message.welcome, True
+                self.connected = True
                 self.welcomed.set()
             elif kind == "shutdown":
                 logger.info("learner is shutting down: %s", message.shutdown.reason)

@@ -14,6 +14,8 @@ from google.protobuf.message import DecodeError
 
 from actorlearner import specs, wire
 from actorlearner.envs.steps import StepFormat
+from actorlearner.health import Health
+from actorlearner.metrics import Metric
 from actorlearner.transport import SecurityConfig, add_port, auth_interceptors, grpc_options
 from actorlearner.v1 import env_pb2 as pb
 from actorlearner.values import dict_from_proto, value_from_proto, value_to_proto
@@ -42,6 +44,7 @@ class EnvSession:
         self.steps = StepFormat(env.observation_space, env.action_space)
         self.ready = False  # True between a reset and the end of the episode
         self.closed = False
+        self.steps_done = 0
 
     def handle(self, raw: bytes) -> bytes:
         """The serialized response to one serialized request; failures become an in-stream error."""
@@ -87,6 +90,7 @@ class EnvSession:
 
     def _step(self, action) -> bytes:
         obs, reward, terminated, truncated, info = self._call("step", action)
+        self.steps_done += 1
         reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
         self.ready = not (terminated or truncated)
         if not info and (fast := self.steps.encode_response(obs, reward, terminated, truncated)) is not None:
@@ -137,6 +141,9 @@ class EnvironmentService:
         self.max_bytes = max_bytes
         self.max_sessions = max_sessions
         self.active = 0
+        self.sessions_total = 0
+        self.ended_steps = 0  # steps of ended sessions; live ones count their own (no lock per step)
+        self.live: set[EnvSession] = set()
         self.lock = threading.Lock()
         probe = make_env()
         try:
@@ -154,14 +161,17 @@ class EnvironmentService:
         with self.lock:
             full = self.active >= self.max_sessions
             self.active += 0 if full else 1
+            self.sessions_total += 0 if full else 1
         if full:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                           f"env server is at its cap of {self.max_sessions} sessions")
         try:
             session = EnvSession(self.make_env(), self.max_bytes)
         except Exception as exc:  # noqa: BLE001 - the env factory is user code
-            self._release()
+            self._release(None)
             context.abort(grpc.StatusCode.INTERNAL, f"cannot create the environment: {exc}")
+        with self.lock:
+            self.live.add(session)
         try:
             for raw in request_iterator:
                 yield session.handle(raw)
@@ -171,17 +181,31 @@ class EnvironmentService:
             pass  # the client vanished or cancelled: clean up below
         finally:
             session.env.close()
-            self._release()
+            self._release(session)
 
-    def _release(self) -> None:
+    def _release(self, session: EnvSession | None) -> None:
         with self.lock:
             self.active -= 1
+            if session is not None:
+                self.live.discard(session)
+                self.ended_steps += session.steps_done
+
+    def metrics(self) -> list[Metric]:
+        """What the env server exposes to Prometheus (steps/s: ``rate(actorlearner_env_steps_total[1m])``)."""
+        with self.lock:
+            steps = self.ended_steps + sum(s.steps_done for s in self.live)
+        return [
+            Metric("env_sessions", "Open env sessions.", self.active),
+            Metric("env_sessions_total", "Env sessions opened.", self.sessions_total, counter=True),
+            Metric("env_steps_total", "Env steps over all sessions.", steps, counter=True),
+        ]
 
 
 @contextlib.contextmanager
 def serve(make_env: Callable[[], gym.Env], env_id: str, host: str = "127.0.0.1", port: int = 0,
           max_sessions: int = 64, max_bytes: int = 64 * 2**20,
-          security: SecurityConfig | None = None) -> Iterator[tuple[EnvironmentService, int]]:
+          security: SecurityConfig | None = None,
+          health: Health | None = None) -> Iterator[tuple[EnvironmentService, int]]:
     """Run an env server; yields ``(service, bound port)`` (``port`` 0 picks a free one)."""
     service = EnvironmentService(make_env, env_id, max_sessions, max_bytes)
     workers = max_sessions + 4  # a session holds a worker; the rest answer GetSpec and refusals
@@ -192,6 +216,8 @@ def serve(make_env: Callable[[], gym.Env], env_id: str, host: str = "127.0.0.1",
                                                        pb.EnvironmentSpec.SerializeToString),
         "Session": grpc.stream_stream_rpc_method_handler(service.Session),  # bytes both ways
     }),))
+    if health is not None:
+        health.add_to(server)
     bound = add_port(server, f"{host}:{port}", security)
     server.start()
     try:

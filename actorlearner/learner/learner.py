@@ -20,6 +20,7 @@ from actorlearner.envs import make_env
 from actorlearner.learner.broadcast import PolicyBroadcast
 from actorlearner.learner.checkpoint import CheckpointStore, load_rng_state, rng_state
 from actorlearner.learner.evaluator import EvalResult, evaluate
+from actorlearner.metrics import Metric
 from actorlearner.replay import PrioritizedReplay, RateLimiter
 from actorlearner.v1 import learner_pb2 as pb
 
@@ -107,6 +108,7 @@ class Learner:
         self.insert_meter = telemetry.RateMeter()
         self.sample_meter = telemetry.RateMeter()
         self.stopping = threading.Event()
+        self._sealed = False  # set before the final checkpoint: later batches are refused, not acked
         self._seq_table: dict[str, int] = {}
         self._actors: dict[str, ActorRecord] = {}
         self._actors_lock = threading.Lock()
@@ -175,6 +177,8 @@ class Learner:
             if self.stopping.is_set():
                 raise wire.WireError("the learner is shutting down", "UNAVAILABLE")
         with self.replay_lock:
+            if self._sealed:
+                raise wire.WireError("the learner is shutting down", "UNAVAILABLE")
             if batch.seq <= self._seq_table.get(record.actor_id, -1):
                 return False
             self.replay.add(arrays, priorities, policy_version=batch.policy_version)
@@ -289,6 +293,25 @@ class Learner:
             eval_mean_return=self.eval_mean if self.evaluations else 0.0,
             eval_best_return=self.eval_best if self.evaluations else 0.0, learner_id=self.learner_id)
 
+    def metrics(self) -> list[Metric]:
+        """What the learner exposes to Prometheus, read at each scrape."""
+        with self._actors_lock:
+            records = list(self._actors.values())
+        connected = [r for r in records if r.connected]
+        return [
+            Metric("policy_version", "Newest published policy version.", self.version),
+            Metric("updates_total", "Training updates.", self.updates, counter=True),
+            Metric("buffer_size", "Transitions in the replay buffer.", len(self.replay)),
+            Metric("inserts_per_second", "Transitions inserted per second.", self.insert_meter.rate()),
+            Metric("samples_per_second", "Transitions sampled per second.", self.sample_meter.rate()),
+            Metric("env_steps_total", "Env steps reported by actors.", self.env_steps, counter=True),
+            Metric("episode_return", "Mean return of recent actor episodes (NaN before any).", self.recent_return),
+            Metric("eval_mean_return", "Mean return of the last greedy evaluation (NaN before any).", self.eval_mean),
+            Metric("connected_actors", "Actors with an open stream.", len(connected)),
+            Metric("actor_lag", "Learner version minus the version each connected actor runs.",
+                   {r.actor_id: self.version - r.policy_version for r in connected}),
+        ]
+
     def progress(self) -> dict:
         """Numbers for the one-line progress display."""
         with self._actors_lock:
@@ -312,11 +335,16 @@ class Learner:
             self._spawn("evaluator", self._eval_loop)
 
     def stop(self) -> None:
-        """Stop training and evaluation, then write a final checkpoint."""
+        """Stop training and evaluation, refuse further batches, then write a final checkpoint.
+
+        Every batch acked before this returns is in that checkpoint.
+        """
         self.stopping.set()
         self.limiter.close()
         for thread in self._threads:
             thread.join()
+        with self.replay_lock:
+            self._sealed = True
         if self.checkpoints:
             self.checkpoint()
         self.telemetry.close()

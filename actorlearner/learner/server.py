@@ -12,6 +12,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from actorlearner import wire
+from actorlearner.health import Health
 from actorlearner.learner.learner import ActorRecord, Learner
 from actorlearner.transport import add_port, auth_interceptors, grpc_options
 from actorlearner.v1 import learner_pb2 as pb
@@ -188,7 +189,7 @@ def add_learner_service(service: LearnerService, server: grpc.Server) -> None:
 
 
 @contextlib.contextmanager
-def serve(learner: Learner, host: str, port: int, max_streams: int | None = None):
+def serve(learner: Learner, host: str, port: int, max_streams: int | None = None, health: Health | None = None):
     """Run the Learner service; yields the bound port (``port`` 0 picks a free one).
 
     ``max_streams`` (default ``learner.config.max_streams``) caps concurrent Connect streams.
@@ -201,6 +202,8 @@ def serve(learner: Learner, host: str, port: int, max_streams: int | None = None
                          options=grpc_options(learner.config.max_message_bytes),
                          maximum_concurrent_rpcs=workers, interceptors=auth_interceptors(learner.config.security))
     add_learner_service(LearnerService(learner, max_streams), server)
+    if health is not None:
+        health.add_to(server)
     bound = add_port(server, f"{host}:{port}", learner.config.security)
     server.start()
     try:
