@@ -81,6 +81,8 @@ class LearnerConfig:
     """Largest gRPC message accepted or sent."""
     max_streams: int = 64
     """Concurrent actor streams (Connect calls); more are refused with RESOURCE_EXHAUSTED."""
+    hello_timeout: float = 10.0
+    """Seconds a new stream may take to send its Hello before it is cancelled and its slot freed."""
     chunk_bytes: int = 4 * 1024 * 1024
     """Policy updates larger than this are split into chunks."""
     checkpoint_dir: str = ""

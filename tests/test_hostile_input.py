@@ -395,3 +395,28 @@ def test_streams_past_the_cap_are_refused_with_resource_exhausted(live):
         return converse(live.port, [hello("after-cap")], until_welcome=True, timeout=5).welcomed
 
     wait_until(welcomed_again, 20, "a freed slot to take a new stream")
+
+
+def test_a_stream_that_never_says_hello_is_cancelled_and_frees_its_slot():
+    learner, port = start_learner(*FAST_LEARNER, "--max-streams", "1", "--hello-timeout", "1")
+    try:
+        stop_sending = threading.Event()
+
+        def silent():
+            stop_sending.wait(30)
+            yield from ()
+
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            connect = channel.stream_stream(CONNECT, request_serializer=None,
+                                            response_deserializer=pb.LearnerMessage.FromString)
+            squatter = connect(silent(), timeout=30)
+            time.sleep(0.3)
+            assert_refused(converse(port, [hello("while-squatted")]), grpc.StatusCode.RESOURCE_EXHAUSTED, "cap of 1")
+            with pytest.raises(grpc.RpcError) as ended:
+                next(squatter)
+            assert ended.value.code() == grpc.StatusCode.CANCELLED
+            stop_sending.set()
+        wait_until(lambda: converse(port, [hello("after-timeout")], until_welcome=True, timeout=5).welcomed, 10,
+                   "the slot the silent stream held")
+    finally:
+        assert stop(learner) == [0]

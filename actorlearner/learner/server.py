@@ -73,10 +73,16 @@ class LearnerService(pb_grpc.LearnerServicer):
             self._streams.release()
 
     def _session(self, request_iterator, context):
+        timer = threading.Timer(self.learner.config.hello_timeout, context.cancel)  # no Hello: free the slot
+        timer.start()
         try:
             first = next(request_iterator, None)
         except wire.WireError as exc:
             context.abort(exc.status_code, str(exc))
+        except grpc.RpcError:
+            first = None  # cancelled: the Hello never came, or the client went away
+        finally:
+            timer.cancel()
         if first is None:
             return
         if first.WhichOneof("kind") != "hello":
