@@ -21,12 +21,8 @@ MAX_DEPTH = 16
 
 def tensor_to_proto(array: Any) -> env_pb2.Tensor:
     """A Tensor message of ``array`` (numpy scalars and Python numbers become rank-0)."""
-    array = np.asarray(array)
-    name = array.dtype.name
-    if name not in wire.DTYPES or array.dtype.fields is not None:
-        raise ValueError(f"dtype {array.dtype} cannot be sent; allowed: {', '.join(wire.DTYPES)}")
-    data = array.astype(wire.DTYPES[name], copy=False).tobytes()  # C order, little-endian
-    return env_pb2.Tensor(dtype=name, shape=array.shape, data=data)
+    encoded = wire.encode_array(np.asarray(array))  # the one dtype whitelist; WireError is a ValueError
+    return env_pb2.Tensor(dtype=encoded["dtype"], shape=encoded["shape"], data=bytes(encoded["data"]))
 
 
 def tensor_from_proto(tensor: env_pb2.Tensor, max_bytes: int = wire.DEFAULT_MAX_BYTES) -> np.ndarray:

@@ -18,9 +18,10 @@ from gymnasium import spaces
 from actorlearner import wire
 from actorlearner.v1 import env_pb2 as pb
 
-_REWARD_TAG, _TERMINATED_TAG, _TRUNCATED_TAG = b"\x11", b"\x18", b"\x20"  # StepResponse fields 2, 3, 4
+_REWARD_TAG, _TERMINATED_TAG, _TRUNCATED_TAG = 0x11, 0x18, 0x20  # StepResponse fields 2, 3, 4
+_REWARD_KEY = bytes([_REWARD_TAG])
 _DOUBLE = struct.Struct("<d")
-_FLAGS = {(t, u): _TERMINATED_TAG + bytes([t]) + _TRUNCATED_TAG + bytes([u]) for t in (0, 1) for u in (0, 1)}
+_FLAGS = {(t, u): bytes([_TERMINATED_TAG, t, _TRUNCATED_TAG, u]) for t in (0, 1) for u in (0, 1)}
 _MARK = 0xA5
 MAX_TABLE = 4096
 """Discrete action spaces up to this size keep a table of every action's request bytes."""
@@ -61,7 +62,7 @@ class StepFormat:
                 self.by_action[value] = raw = self.request_prefix + action.tobytes()
                 self.by_request[raw] = action
         if self.observation is not None:
-            tail = _REWARD_TAG + _DOUBLE.pack(1.5) + _TERMINATED_TAG + b"\x01" + _TRUNCATED_TAG + b"\x01"
+            tail = _REWARD_KEY + _DOUBLE.pack(1.5) + _FLAGS[True, True]
             response = pb.EnvResponse(step=pb.StepResponse(observation=pb.Value(tensor=_tensor(*self.observation)),
                                                            reward=1.5, terminated=True, truncated=True))
             self.response_prefix = _prefix(response.SerializeToString(), self.observation[2], tail)
@@ -107,7 +108,7 @@ class StepFormat:
         if self.response_prefix is None or not isinstance(observation, np.ndarray) \
                 or observation.dtype != self.observation[0] or observation.shape != self.observation[1]:
             return None
-        return b"".join((self.response_prefix, observation.tobytes(), _REWARD_TAG, _DOUBLE.pack(reward),
+        return b"".join((self.response_prefix, observation.tobytes(), _REWARD_KEY, _DOUBLE.pack(reward),
                          _FLAGS[terminated, truncated]))
 
     def decode_response(self, raw: bytes) -> tuple[np.ndarray, float, bool, bool] | None:
@@ -117,7 +118,8 @@ class StepFormat:
             return None
         dtype, shape, nbytes = self.observation
         at = len(prefix) + nbytes  # then: reward tag, 8 bytes, terminated tag and byte, truncated tag and byte
-        if raw[at] != 0x11 or raw[at + 9] != 0x18 or raw[at + 11] != 0x20 or raw[at + 10] > 1 or raw[at + 12] > 1:
+        if raw[at] != _REWARD_TAG or raw[at + 9] != _TERMINATED_TAG or raw[at + 11] != _TRUNCATED_TAG \
+                or raw[at + 10] > 1 or raw[at + 12] > 1:
             return None
         observation = np.frombuffer(raw, dtype, count=nbytes // dtype.itemsize, offset=len(prefix))
         if len(shape) != 1:
