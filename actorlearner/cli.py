@@ -243,10 +243,19 @@ def status_command(address: str, as_json: bool, timeout: float, security: Securi
 
 def warn_if_exposed(host: str, security: SecurityConfig) -> None:
     """Log loudly when a server listens beyond loopback with nothing keeping strangers out."""
-    if not security.authenticated and not ipaddress.ip_address(_host_ip(host)).is_loopback:
+    if not security.authenticated and not _is_loopback(host):
         logger.warning("!!! listening on %s WITHOUT AUTHENTICATION: every host that can reach it may connect; "
                        "set --auth-token-file (or ACTORLEARNER_AUTH_TOKEN) and TLS !!!", host)
 
 
-def _host_ip(host: str) -> str:
-    return "127.0.0.1" if host == "localhost" else ("0.0.0.0" if host in ("", "[::]") else host.strip("[]"))
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address, ``localhost`` or a host name) surely binds loopback only.
+
+    A host name other than localhost is not resolved: it may name any interface, so it counts as exposed.
+    """
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # "" and host names
+        return False

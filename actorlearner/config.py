@@ -2,7 +2,8 @@
 
 Each field's docstring (the string literal under it) is its help text. A nested dataclass
 field becomes a group of options with its name as prefix (``--dqn-lr``,
-``ACTORLEARNER_DQN_LR``, TOML table ``[dqn]``) unless it is marked ``flatten``.
+``ACTORLEARNER_DQN_LR``, TOML table ``[dqn]``) unless it is marked ``flatten``. A field
+marked ``option: False`` is set by the program, never by the user.
 Precedence: command-line flag, then environment variable, then TOML file, then default.
 """
 
@@ -83,6 +84,8 @@ class LearnerConfig:
     """Concurrent actor streams (Connect calls); more are refused with RESOURCE_EXHAUSTED."""
     hello_timeout: float = 10.0
     """Seconds a new stream may take to send its Hello before it is cancelled and its slot freed."""
+    actor_ttl: float = 3600.0
+    """Seconds a disconnected actor id (and its duplicate filter) is remembered; one back later is new. Keep it well above the actors' reconnect backoff."""
     chunk_bytes: int = 4 * 1024 * 1024
     """Policy updates larger than this are split into chunks."""
     checkpoint_dir: str = ""
@@ -219,6 +222,8 @@ def options(cls: type, prefix: str = "", path: tuple[str, ...] = ()) -> list[Opt
     docs = field_docs(cls)
     out = []
     for f in dataclasses.fields(cls):
+        if f.metadata.get("option") is False:
+            continue
         kind = hints[f.name]
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
         if dataclasses.is_dataclass(kind):

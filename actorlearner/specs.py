@@ -8,6 +8,8 @@ messages raise ``wire.WireError``.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from gymnasium import spaces
 
@@ -83,6 +85,10 @@ def box_from_spec(spec: learner_pb2.TensorSpec) -> spaces.Box:
     shape = tuple(int(d) for d in spec.shape)
     if any(d < 0 for d in shape):
         raise ValueError(f"tensor spec {spec.name!r} has a negative dimension in {shape}")
+    # Bounds are built as float64 arrays of this shape: refuse what could not travel as one anyway.
+    if len(shape) > wire.MAX_RANK or math.prod(shape) * 8 > wire.DEFAULT_MAX_BYTES:
+        raise ValueError(f"tensor spec {spec.name!r} of shape {shape} is too large "
+                         f"(rank <= {wire.MAX_RANK}, at most {wire.DEFAULT_MAX_BYTES // 8} elements)")
     bounds = []
     for which, default in (("low", -np.inf), ("high", np.inf)):
         values = _full_bounds(getattr(spec, which), shape, default)

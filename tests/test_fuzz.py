@@ -739,8 +739,14 @@ def actor_messages(draw) -> bytes:
 def test_actor_messages_through_the_learner(raw):
     """What LearnerService does with one message: parse, then Hello check / ingest / stats."""
     the_learner = learner()
-    record = the_learner.connect(learner_pb2.Hello(actor_id="fuzz", policy_version=-1))
-    the_learner.disconnect(record)
+    stream = the_learner.connect(learner_pb2.Hello(actor_id="fuzz", policy_version=-1))
+    try:
+        one_message(the_learner, stream, raw)
+    finally:
+        the_learner.disconnect(stream)
+
+
+def one_message(the_learner, stream, raw: bytes) -> None:
     message = _parse_actor_message(raw)
     if isinstance(message, WireError):
         event("does not parse")
@@ -752,12 +758,13 @@ def test_actor_messages_through_the_learner(raw):
         event(f"hello {'refused ' + refusal.code if refusal else 'accepted'}")
     elif kind == "batch":
         before, size = the_learner.inserted_batches, len(the_learner.replay)
-        inserted = typed(the_learner.ingest, record, message.batch, allowed=(WireError, ValueError))
+        inserted = typed(the_learner.ingest, stream, message.batch, allowed=(WireError, ValueError))
         event(f"batch {'inserted' if inserted else 'duplicate' if inserted is False else 'rejected'}")
         if inserted:
             assert the_learner.inserted_batches == before + 1
             assert len(the_learner.replay) == min(size + message.batch.num_transitions, the_learner.replay.capacity)
         else:
             assert (the_learner.inserted_batches, len(the_learner.replay)) == (before, size)
+        assert the_learner.limiter.inserts == the_learner.replay.inserted  # nothing counted that was not stored
     elif kind == "episode_stats":
-        the_learner.record_episodes(record, message.episode_stats)
+        the_learner.record_episodes(stream, message.episode_stats)

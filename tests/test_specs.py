@@ -104,6 +104,14 @@ def test_malformed_specs_are_rejected():
             action=learner_pb2.ActionSpec(discrete=learner_pb2.DiscreteSpec(n=0))))
 
 
+@pytest.mark.parametrize("shape", [[2**32 + 1], [2**20, 2**20], [1] * 17], ids=["4G elements", "1T elements", "rank 17"])
+def test_huge_shapes_are_refused_before_allocating(shape):
+    """Found by fuzzing: bounds for a 2**32-element Box were allocated (32 GiB) before any check."""
+    with pytest.raises(ValueError, match="too large"):
+        spaces_from_spec(learner_pb2.EnvSpec(observation=learner_pb2.TensorSpec(dtype="bool", shape=shape),
+                                             action=learner_pb2.ActionSpec(discrete=learner_pb2.DiscreteSpec(n=1))))
+
+
 def test_mismatch_reasons():
     cartpole = env_spec("CartPole-v1", spaces.Box(-np.inf, np.inf, (4,), np.float32), spaces.Discrete(2))
     lunar = env_spec("LunarLander-v3", spaces.Box(-np.inf, np.inf, (8,), np.float32), spaces.Discrete(4))

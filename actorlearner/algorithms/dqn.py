@@ -8,9 +8,8 @@ termination), so n-step returns need nothing special here.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
@@ -44,10 +43,11 @@ class DQNConfig:
     """Where the Huber loss turns from quadratic to linear."""
     priority_eps: float = 1e-6
     """Added to |TD| so that no item's priority is zero."""
-    device: str = "cpu"
-    """Torch device of the networks; "auto" picks cuda when there is one."""
-    seed: int = 0
-    """Seeds the network init and the exploration RNG."""
+    device: str = field(default="cpu", metadata={"option": False})
+    """Torch device of the networks; "auto" picks cuda when there is one. Set by the learner (its
+    --device) and the actor (cpu), not an option."""
+    seed: int = field(default=0, metadata={"option": False})
+    """Seeds the network init and the exploration RNG. Set from the learner's or actor's --seed."""
 
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(int(h) for h in self.hidden_sizes)

@@ -9,6 +9,7 @@ import math
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -27,20 +28,40 @@ from actorlearner.v1 import learner_pb2 as pb
 logger = logging.getLogger(__name__)
 
 
+LIMITER_POLL_SECONDS = 0.25
+"""How often a batch waiting on the rate limiter checks whether its stream or the learner ended."""
+
+
 @dataclass
 class ActorRecord:
-    """What the learner knows of one actor id, across reconnects."""
+    """What the learner knows of one actor id, across reconnects, until it has been gone ``actor_ttl``."""
 
     actor_id: str
-    index: int
+    index: int | None = None  # Ape-X index, distinct among connected actors; kept as a preference after
     policy_version: int = -1
     streams: int = 0  # open streams: a reconnect may open the new one before the old one closes
     last_seen: float = field(default_factory=time.time)
+    duplicates: int = 0  # batches acked as duplicates, over all streams
     batches: telemetry.RateMeter = field(default_factory=telemetry.RateMeter)
 
     @property
     def connected(self) -> bool:
         return self.streams > 0
+
+
+@dataclass
+class ActorStream:
+    """One Connect stream of an actor, as ingest sees it."""
+
+    record: ActorRecord
+    hello_version: int  # the policy version the actor held when it opened the stream
+    ended: threading.Event = field(default_factory=threading.Event)  # set when the stream is gone
+    duplicates: int = 0  # batches acked as duplicates on this stream
+
+
+class IngestAborted(Exception):
+    """A batch given up before it was stored, through no fault of the actor: its stream ended or
+    the learner is draining. It was not acked, so the actor resends it."""
 
 
 @dataclass(frozen=True)
@@ -109,9 +130,11 @@ class Learner:
         self.sample_meter = telemetry.RateMeter()
         self.stopping = threading.Event()
         self._sealed = False  # set before the final checkpoint: later batches are refused, not acked
-        self._seq_table: dict[str, int] = {}
+        self._seq_table: dict[str, int] = {}  # highest stored seq per actor id; under replay_lock
         self._actors: dict[str, ActorRecord] = {}
-        self._actors_lock = threading.Lock()
+        self._actors_lock = threading.Lock()  # taken after replay_lock when both are needed
+        self._stats_lock = threading.Lock()  # env_steps and recent_return, reported by every stream
+        self._last_forget = 0.0
         self._threads: list[threading.Thread] = []
         self._last_checkpoint = time.monotonic()
         self._restore()
@@ -133,71 +156,147 @@ class Learner:
             return Refusal("FAILED_PRECONDITION", f"env spec differs from the learner's ({self.config.env}): {mismatch}")
         return None
 
-    def connect(self, hello: pb.Hello) -> ActorRecord:
-        """Register (or re-register) an actor id; its index is stable across reconnects."""
+    def connect(self, hello: pb.Hello) -> ActorStream:
+        """Open a stream for an actor id (known or new); while connected it holds a distinct Ape-X index."""
+        self.forget_departed()
         with self._actors_lock:
             record = self._actors.get(hello.actor_id)
             if record is None:
-                record = self._actors[hello.actor_id] = ActorRecord(hello.actor_id, index=len(self._actors))
+                record = self._actors[hello.actor_id] = ActorRecord(hello.actor_id)
+            if record.streams == 0:
+                record.index = self._free_index(record.index)
             record.streams += 1
             record.last_seen = time.time()
-            record.policy_version = hello.policy_version
-            return record
+            record.policy_version = min(hello.policy_version, self.version)
+            return ActorStream(record, hello.policy_version)
 
-    def disconnect(self, record: ActorRecord) -> None:
+    def disconnect(self, stream: ActorStream) -> None:
+        stream.ended.set()
         with self._actors_lock:
-            record.streams -= 1
+            stream.record.streams -= 1
+            stream.record.last_seen = time.time()
 
-    def welcome(self, record: ActorRecord, version: int) -> pb.Welcome:
+    def forget_departed(self, min_interval: float = 1.0) -> None:
+        """Drop actors gone longer than ``actor_ttl``, with their duplicate filters (at most every ``min_interval`` s).
+
+        Every pod restart on Kubernetes is a new actor id: without this, records grow forever.
+        An actor that comes back later is treated as new.
+        """
+        now = time.time()
+        if now - self._last_forget < min_interval:
+            return
+        self._last_forget = now
+        cutoff = now - self.config.actor_ttl
+        with self.replay_lock, self._actors_lock:
+            gone = [r.actor_id for r in self._actors.values() if not r.connected and r.last_seen < cutoff]
+            for actor_id in gone:
+                del self._actors[actor_id]
+                self._seq_table.pop(actor_id, None)
+        if gone:
+            logger.info("forgot %d actors gone longer than %.0f s", len(gone), self.config.actor_ttl)
+
+    def _free_index(self, previous: int | None) -> int:
+        """The Ape-X index for an actor (re)connecting: its previous one if free, else the least used."""
+        n = max(self.config.num_actors, 1)
+        taken = Counter(r.index for r in self._actors.values() if r.connected)
+        if previous is not None and previous < n and not taken[previous]:
+            return previous
+        return min(range(n), key=lambda i: (taken[i], i))
+
+    def welcome(self, stream: ActorStream, version: int) -> pb.Welcome:
         """The settings an actor must use, and ``version``, the policy it receives next."""
         c = self.config
         settings = pb.Settings(
             n_step=self.algorithm.n_step, gamma=self.algorithm.gamma, batch_size=c.actor_batch_size,
             max_unacked=c.max_unacked, codec=int(wire.Codec.parse(c.codec)), actor_priorities=c.actor_priorities,
             epsilon_base=c.epsilon_base, epsilon_alpha=c.epsilon_alpha, num_actors=max(c.num_actors, 1),
-            actor_index=record.index % max(c.num_actors, 1), max_message_bytes=c.max_message_bytes,
+            actor_index=stream.record.index, max_message_bytes=c.max_message_bytes,
             algorithm_config=json.dumps(dataclasses.asdict(c.dqn)))
         return pb.Welcome(learner_id=self.learner_id, policy_version=version, settings=settings)
 
-    def ingest(self, record: ActorRecord, batch: pb.TrajectoryBatch) -> bool:
-        """Validate and insert a batch unless its seq was seen; True if inserted, False if a duplicate.
+    def ingest(self, stream: ActorStream, batch: pb.TrajectoryBatch) -> bool:
+        """Validate and insert a batch unless its seq was stored; True if inserted, False if a duplicate.
 
         Raises WireError for bad input, before anything is inserted. Waits on the rate
-        limiter (backpressure that reaches the actor through gRPC flow control).
+        limiter (backpressure that reaches the actor through gRPC flow control) until the
+        stream ends or the learner drains (IngestAborted). The limiter counts only what was stored.
         """
+        record = stream.record
         record.last_seen = time.time()
-        if batch.seq <= self._seq_table.get(record.actor_id, -1):
+        if self._duplicate(stream, batch.seq):
             return False
-        if batch.policy_version < 0:
-            raise wire.WireError(f"policy_version must be >= 0, got {batch.policy_version}")
+        newest = max(self.version, stream.hello_version)
+        if not 0 <= batch.policy_version <= newest:
+            raise wire.WireError(f"policy_version must be in [0, {newest}] (the newest version this learner or "
+                                 f"the actor's Hello knows), got {batch.policy_version}")
         n = batch.num_transitions
         arrays = wire.decode_batch(batch.payload, batch.codec, self.fields, n, self.config.max_message_bytes)
         priorities = wire.decode_priorities(batch.priorities, n)
-        while not self.limiter.acquire_insert(n, timeout=0.5):
-            if self.stopping.is_set():
-                raise wire.WireError("the learner is shutting down", "UNAVAILABLE")
-        with self.replay_lock:
-            if self._sealed:
-                raise wire.WireError("the learner is shutting down", "UNAVAILABLE")
-            if batch.seq <= self._seq_table.get(record.actor_id, -1):
-                return False
-            self.replay.add(arrays, priorities, policy_version=batch.policy_version)
-            self._seq_table[record.actor_id] = batch.seq
-            self.inserted_batches += 1
-        record.policy_version = max(record.policy_version, batch.policy_version)
+        self._acquire_insert(stream, n)
+        inserted = False
+        try:
+            with self.replay_lock:
+                if self._sealed:
+                    raise IngestAborted("the learner is shutting down")
+                if batch.seq > self._seq_table.get(record.actor_id, -1):  # not stored meanwhile by another stream
+                    self.replay.add(arrays, priorities, policy_version=batch.policy_version)
+                    self._seq_table[record.actor_id] = batch.seq
+                    self.inserted_batches += 1
+                    inserted = True
+        finally:
+            if not inserted:
+                self.limiter.refund_insert(n)
+        if not inserted:
+            return False
+        self._saw_version(record, batch.policy_version)
         record.batches.add()
         self.insert_meter.add(n)
         return True
 
-    def record_episodes(self, record: ActorRecord, stats: pb.EpisodeStats) -> None:
+    def _duplicate(self, stream: ActorStream, seq: int) -> bool:
+        """Whether ``seq`` was stored already. More duplicates on one stream than an unacked window
+        means the actor's seqs restarted below what it sent before: refused, or it would be acked
+        "duplicate" forever and nothing stored."""
+        stored = self._seq_table.get(stream.record.actor_id, -1)
+        if seq > stored:
+            return False
+        stream.duplicates += 1
+        stream.record.duplicates += 1
+        if stream.duplicates > self.config.max_unacked:
+            raise wire.WireError(
+                f"seq {seq} is not above {stored}, the highest seq stored for actor_id {stream.record.actor_id!r}, "
+                f"and this stream has sent {stream.duplicates} such batches, more than a resent window "
+                f"({self.config.max_unacked}): the actor's seqs restarted; continue above {stored} or use a new actor_id",
+                "FAILED_PRECONDITION")
+        return True
+
+    def _acquire_insert(self, stream: ActorStream, n: int) -> None:
+        """Wait for the rate limiter's room for ``n`` items; IngestAborted once the stream or the learner ends."""
+        while not self.limiter.acquire_insert(n, timeout=LIMITER_POLL_SECONDS):
+            if self.stopping.is_set():
+                raise IngestAborted("the learner is shutting down")
+            if stream.ended.is_set():
+                raise IngestAborted("the stream ended")
+        if stream.ended.is_set():
+            self.limiter.refund_insert(n)
+            raise IngestAborted("the stream ended")
+
+    def _saw_version(self, record: ActorRecord, version: int) -> None:
+        """An actor reported running ``version``; counted at most as the learner's own (lag >= 0)."""
+        record.policy_version = max(record.policy_version, min(version, self.version))
+
+    def record_episodes(self, stream: ActorStream, stats: pb.EpisodeStats) -> None:
         """Account an actor's env steps and finished episodes."""
-        record.last_seen = time.time()
-        record.policy_version = max(record.policy_version, stats.policy_version)
-        self.env_steps += stats.env_steps
-        for ret, length in zip(stats.returns, stats.lengths):
-            if math.isfinite(ret):
+        stream.record.last_seen = time.time()
+        self._saw_version(stream.record, stats.policy_version)
+        finished = [(r, n) for r, n in zip(stats.returns, stats.lengths) if math.isfinite(r)]
+        with self._stats_lock:
+            self.env_steps += stats.env_steps
+            step = self.env_steps
+            for ret, _ in finished:
                 self.recent_return = ret if math.isnan(self.recent_return) else 0.9 * self.recent_return + 0.1 * ret
-                self.telemetry.scalars({telemetry.EPISODIC_RETURN: ret, telemetry.EPISODIC_LENGTH: length}, self.env_steps)
+        for ret, length in finished:
+            self.telemetry.scalars({telemetry.EPISODIC_RETURN: ret, telemetry.EPISODIC_LENGTH: length}, step)
 
     # -- training --------------------------------------------------------------------------
 
@@ -211,6 +310,7 @@ class Learner:
             try:
                 sample = self.replay.sample(c.batch_size, min_policy_version=min_version)
             except ValueError:  # nothing recent enough yet
+                self.limiter.refund_sample(c.batch_size)
                 return False
         priorities, metrics = self.algorithm.update(sample)
         with self.replay_lock:
@@ -275,16 +375,19 @@ class Learner:
             self.limiter.load_state_dict(state)
         self.version, self.updates, self.env_steps = int(state["version"]), int(state["updates"]), int(state["env_steps"])
         self._seq_table = {str(k): int(v) for k, v in state["seq_table"].items()}
+        self._actors = {actor_id: ActorRecord(actor_id) for actor_id in self._seq_table}  # gone since the restore
         if "rng" in parts:
             load_rng_state(parts["rng"], self.device)
         logger.info("restored checkpoint %d: version %d, %d items in replay", step, self.version, len(self.replay))
 
     def status(self) -> pb.StatusResponse:
-        """A snapshot for GetStatus."""
+        """A snapshot for GetStatus: the learner and every actor seen within ``actor_ttl``."""
+        self.forget_departed()
         with self._actors_lock:
             records = list(self._actors.values())
         actors = [pb.ActorStatus(actor_id=r.actor_id, policy_version=r.policy_version, lag=self.version - r.policy_version,
-                                 batches_per_second=r.batches.rate(), last_seen_unix=r.last_seen, connected=r.connected)
+                                 batches_per_second=r.batches.rate(), last_seen_unix=r.last_seen, connected=r.connected,
+                                 duplicates=r.duplicates)
                   for r in records]
         return pb.StatusResponse(
             policy_version=self.version, updates=self.updates, buffer_size=len(self.replay),
@@ -308,6 +411,9 @@ class Learner:
             Metric("episode_return", "Mean return of recent actor episodes (NaN before any).", self.recent_return),
             Metric("eval_mean_return", "Mean return of the last greedy evaluation (NaN before any).", self.eval_mean),
             Metric("connected_actors", "Actors with an open stream.", len(connected)),
+            Metric("known_actors", "Actor ids remembered (connected, or gone less than actor_ttl ago).", len(records)),
+            Metric("inserts_waiting", "Batches waiting for the rate limiter's room (backpressure on actors).",
+                   self.limiter.waiting["inserts"]),
             Metric("actor_lag", "Learner version minus the version each connected actor runs.",
                    {r.actor_id: self.version - r.policy_version for r in connected}),
         ]

@@ -13,19 +13,25 @@ from google.protobuf.message import DecodeError
 
 from actorlearner import wire
 from actorlearner.health import Health
-from actorlearner.learner.learner import ActorRecord, Learner
+from actorlearner.learner.learner import ActorStream, IngestAborted, Learner
 from actorlearner.transport import add_port, auth_interceptors, grpc_options
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
+SHUTDOWN_GRACE_SECONDS = 5.0
+"""How long a draining learner waits, after sending Shutdown, for the actor to end the stream. gRPC's
+Python client drops messages it has not read when the stream's status arrives: without the wait,
+a Python actor could miss the Shutdown."""
+
 
 class Session:
     """One Connect stream: acks waiting to go out, the last version sent, and how it ended."""
 
-    def __init__(self, actor: ActorRecord):
-        self.actor = actor
+    def __init__(self, stream: ActorStream):
+        self.stream = stream
+        self.actor_id = stream.record.actor_id
         self.cond = threading.Condition()
         self.outbox: deque[pb.LearnerMessage] = deque()
         self.sent_version = -1
@@ -45,13 +51,14 @@ class Session:
         """End the stream with a status (sent by the handler thread)."""
         with self.cond:
             self.error = self.error or (code, reason)
-            self.closed = True
-            self.cond.notify()
+        self.close()
 
     def close(self) -> None:
+        """The stream is over: the sender returns, and a batch waiting on the rate limiter gives up."""
         with self.cond:
             self.closed = True
             self.cond.notify()
+        self.stream.ended.set()
 
 
 class LearnerService(pb_grpc.LearnerServicer):
@@ -93,20 +100,21 @@ class LearnerService(pb_grpc.LearnerServicer):
         session = Session(self.learner.connect(first.hello))
         context.add_callback(session.close)
         self.learner.broadcast.listen(session.wake)
-        logger.info("actor %s connected (index %d)", session.actor.actor_id, session.actor.index)
+        logger.info("actor %s connected (index %d)", session.actor_id, session.stream.record.index)
         threading.Thread(target=self._read, args=(request_iterator, session), daemon=True,
-                         name=f"read-{session.actor.actor_id}").start()
+                         name=f"read-{session.actor_id}").start()
         try:
             version, messages = self.learner.broadcast.latest()  # one snapshot: Welcome names what follows
-            yield pb.LearnerMessage(welcome=self.learner.welcome(session.actor, version))
+            yield pb.LearnerMessage(welcome=self.learner.welcome(session.stream, version))
             session.sent_version = version
-            yield from messages
+            if first.hello.policy_version != version:  # the actor holds it already otherwise
+                yield from messages
             yield from self._send(session)
         finally:
             self.learner.broadcast.unlisten(session.wake)
             session.close()
-            self.learner.disconnect(session.actor)
-            logger.info("actor %s disconnected", session.actor.actor_id)
+            self.learner.disconnect(session.stream)
+            logger.info("actor %s disconnected", session.actor_id)
         if session.error:
             context.abort(*session.error)
 
@@ -114,31 +122,40 @@ class LearnerService(pb_grpc.LearnerServicer):
         return self.learner.status()
 
     def _read(self, request_iterator, session: Session) -> None:
-        """Consume the actor's messages until it half-closes or sends a bad one.
+        """Consume the actor's messages until it half-closes, sends a bad one, or the stream ends.
 
         A half-close ends the actor's input only: the stream keeps carrying policy
-        updates until the actor cancels it (a weights-only subscriber is legal).
+        updates until the actor cancels it (a weights-only subscriber is legal). Whatever
+        goes wrong ends this stream alone, with a status and a reason, logged once.
         """
+        actor_id = session.actor_id
         try:
             for message in request_iterator:
                 kind = message.WhichOneof("kind")
                 if kind == "batch":
-                    inserted = self.learner.ingest(session.actor, message.batch)
+                    inserted = self.learner.ingest(session.stream, message.batch)
                     session.push(pb.LearnerMessage(ack=pb.Ack(
                         seq=message.batch.seq, accepted=True, reason="" if inserted else "duplicate")))
                 elif kind == "episode_stats":
-                    self.learner.record_episodes(session.actor, message.episode_stats)
+                    self.learner.record_episodes(session.stream, message.episode_stats)
                 elif kind == "hello":
                     raise wire.WireError("Hello may only be the first message of a stream", "FAILED_PRECONDITION")
                 else:
                     raise wire.WireError("empty ActorMessage")
+        except IngestAborted as exc:  # not the actor's doing: a draining learner sends Shutdown next
+            logger.info("actor %s: a batch was not stored (%s); the actor resends it", actor_id, exc)
         except wire.WireError as exc:
-            logger.warning("actor %s sent bad input: %s", session.actor.actor_id, exc)
+            logger.warning("actor %s sent bad input: %s", actor_id, exc)
             session.fail(exc.status_code, str(exc))
         except grpc.RpcError:
             session.close()  # the stream ended under us: the actor went away
         except ValueError as exc:  # the buffer's own validation
+            logger.warning("actor %s sent bad input: %s", actor_id, exc)
             session.fail(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Exception as exc:  # a bug or a failing device (e.g. CUDA out of memory): this stream only
+            logger.exception("actor %s: the learner failed on this stream's message", actor_id)
+            session.fail(grpc.StatusCode.INTERNAL, f"the learner failed on this stream's message: "
+                                                   f"{type(exc).__name__}: {exc}")
 
     def _send(self, session: Session):
         """Yield acks as they come and the newest policy version whenever one is published."""
@@ -155,6 +172,8 @@ class LearnerService(pb_grpc.LearnerServicer):
                 return
             if stopping.is_set():
                 yield pb.LearnerMessage(shutdown=pb.Shutdown(reason="learner is shutting down"))
+                with session.cond:
+                    session.cond.wait_for(lambda: session.closed, SHUTDOWN_GRACE_SECONDS)
                 return
             version, messages = broadcast.latest()
             if version > session.sent_version:

@@ -19,7 +19,9 @@ class RateLimiter:
 
     Waits block the calling thread (:meth:`acquire_insert`, :meth:`acquire_sample`) or an
     asyncio task (:meth:`acquire_insert_async`, :meth:`acquire_sample_async`); each takes
-    a timeout and returns whether it acquired. :meth:`close` releases every waiter with
+    a timeout and returns whether it acquired. A caller that acquired and then did not
+    insert or sample hands the count back (:meth:`refund_insert`, :meth:`refund_sample`),
+    so the counters always equal what happened. :meth:`close` releases every waiter with
     False, so shutdown never hangs.
     """
 
@@ -38,6 +40,7 @@ class RateLimiter:
         self.min_diff, self.max_diff = offset - error_buffer, offset + error_buffer
         self.inserts = 0
         self.samples = 0
+        self.waiting = {"inserts": 0, "samples": 0}  # callers blocked right now, per side
         self.closed = False
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -71,6 +74,14 @@ class RateLimiter:
         """:meth:`acquire_sample` for asyncio code: waits without blocking the loop."""
         return await self._acquire_async(self.can_sample, "samples", n, timeout)
 
+    def refund_insert(self, n: int) -> None:
+        """Uncount ``n`` acquired inserts that did not happen (a dropped batch)."""
+        self._refund("inserts", n)
+
+    def refund_sample(self, n: int) -> None:
+        """Uncount ``n`` acquired samples that did not happen."""
+        self._refund("samples", n)
+
     def close(self) -> None:
         """Release every waiter (they return False); later acquires fail at once."""
         with self._lock:
@@ -83,6 +94,14 @@ class RateLimiter:
     def load_state_dict(self, state: dict[str, int]) -> None:
         with self._lock:
             self.inserts, self.samples = int(state["inserts"]), int(state["samples"])
+            self._notify()
+
+    def _refund(self, counter: str, n: int) -> None:
+        with self._lock:
+            left = getattr(self, counter) - n
+            if n < 0 or left < 0:
+                raise ValueError(f"cannot refund {n} {counter}: only {getattr(self, counter)} counted")
+            setattr(self, counter, left)
             self._notify()
 
     def _try(self, allowed, counter: str, n: int) -> bool | None:
@@ -102,7 +121,11 @@ class RateLimiter:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
-                self._changed.wait(remaining)
+                self.waiting[counter] += 1
+                try:
+                    self._changed.wait(remaining)
+                finally:
+                    self.waiting[counter] -= 1
             return done
 
     async def _acquire_async(self, allowed, counter: str, n: int, timeout: float | None) -> bool:

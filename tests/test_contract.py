@@ -1,0 +1,118 @@
+"""learner.proto says what the learner does: one test per rule an actor written from the proto alone relies on."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from actorlearner.config import LearnerConfig
+from actorlearner.learner.learner import Learner
+from actorlearner.learner.server import serve
+from streams import RawStream, batch, hello
+
+WINDOW = 4
+
+
+@pytest.fixture
+def served():
+    """A live learner (not training, default rate limiter) and its address."""
+    learner = Learner(LearnerConfig(env="CartPole-v1", eval_every=0, max_unacked=WINDOW))
+    with serve(learner, "127.0.0.1", 0) as port:
+        yield learner, f"127.0.0.1:{port}"
+    learner.stop()
+
+
+def kinds(stream: RawStream, until_acks: int) -> list[str]:
+    """Kinds of the messages received until ``until_acks`` acks have arrived."""
+    seen, acks = [], 0
+    while acks < until_acks:
+        kind = stream.next().WhichOneof("kind")
+        seen.append(kind)
+        acks += kind == "ack"
+    return seen
+
+
+def test_no_policy_update_follows_the_welcome_when_the_actor_holds_that_version(served):
+    learner, address = served
+    fresh = RawStream(address, hello("fresh", policy_version=-1), batch(1))
+    assert kinds(fresh, 1) == ["welcome", "policy_update", "ack"]
+    holder = RawStream(address, hello("holder", policy_version=learner.version), batch(1))
+    assert kinds(holder, 1) == ["welcome", "ack"]
+    for stream in (fresh, holder):
+        stream.close()
+
+
+def test_acks_are_accepted_and_a_batch_that_cannot_be_stored_gets_none(served):
+    learner, address = served
+    stream = RawStream(address, hello("acked"), batch(1), batch(1))
+    acks = [stream.next("ack").ack for _ in range(2)]
+    assert [(a.seq, a.accepted, a.reason) for a in acks] == [(1, True, ""), (1, True, "duplicate")]
+    stream.send(batch(2, n=0))  # bad input
+    code, details = stream.wait_end()
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "num_transitions" in details
+    assert not [m for m in stream.messages() if m.WhichOneof("kind") == "ack"]
+    stream.close()
+
+
+def test_status_inserted_counts_stored_batches_not_acks(served):
+    learner, address = served
+    stream = RawStream(address, hello("counted"), batch(1), batch(2), batch(2), batch(3))
+    assert [stream.next("ack").ack.reason for _ in range(4)] == ["", "", "duplicate", ""]
+    status = learner.status()
+    assert status.inserted == 3 and status.buffer_size == 3 * 16
+    assert {a.actor_id: a.duplicates for a in status.actors} == {"counted": 1}
+    stream.close()
+
+
+def test_actor_version_is_its_hello_then_its_reports_and_never_ahead_of_the_learner(served):
+    learner, address = served
+    learner.version = 3
+    learner.publish()
+    stream = RawStream(address, hello("reporter", policy_version=1), batch(1, policy_version=2))
+    stream.next("ack")
+    [actor] = learner.status().actors
+    assert (actor.policy_version, actor.lag) == (2, 1)
+    stream.close()
+    # A Hello ahead of the learner (an actor that ran a version a crashed learner published
+    # after its last checkpoint): its batches are accepted, and its lag reads 0, not negative.
+    ahead = RawStream(address, hello("reporter", policy_version=7), batch(2, policy_version=7))
+    assert ahead.next("ack").ack.reason == ""
+    [actor] = learner.status().actors
+    assert (actor.policy_version, actor.lag) == (3, 0)
+    ahead.close()
+    # Reconnecting with nothing (a restarted actor process): the Hello's -1 is what it runs.
+    restarted = RawStream(address, hello("reporter", policy_version=-1))
+    restarted.next("policy_update")
+    [actor] = learner.status().actors
+    assert (actor.policy_version, actor.lag) == (-1, 4)
+    restarted.close()
+
+
+def test_a_batch_from_a_future_policy_version_is_invalid_argument(served):
+    learner, address = served
+    before = learner.status()
+    stream = RawStream(address, hello("prophet"), batch(1, policy_version=999))
+    code, details = stream.wait_end()
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "policy_version must be in [0, 0]" in details
+    after = learner.status()
+    assert (after.inserted, after.buffer_size) == (before.inserted, before.buffer_size)
+    assert all(a.lag >= 0 for a in after.actors)
+    stream.close()
+
+
+def test_an_actor_whose_seqs_restarted_is_refused_not_silently_dropped(served, caplog):
+    """A restarted actor counting seq from 0 under its old id would be acked "duplicate" forever."""
+    learner, address = served
+    first = RawStream(address, hello("pod-0"), *[batch(seq) for seq in range(101, 111)])
+    assert [first.next("ack").ack.seq for _ in range(10)] == list(range(101, 111))
+    first.close()
+    restarted = RawStream(address, hello("pod-0"), *[batch(seq) for seq in range(1, 2 * WINDOW)])
+    code, details = restarted.wait_end()
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "seqs restarted" in details and "above 110" in details
+    # Up to a window of them were legal resends, acked "duplicate" (gRPC's Python client may drop
+    # those acks when the status arrives first); the one past the window ended the stream.
+    assert {m.ack.reason for m in restarted.messages() if m.WhichOneof("kind") == "ack"} <= {"duplicate"}
+    assert {a.actor_id: a.duplicates for a in learner.status().actors} == {"pod-0": WINDOW + 1}
+    assert learner.status().inserted == 10
+    assert "seqs restarted" in caplog.text
+    restarted.close()

@@ -1,0 +1,56 @@
+"""The learner's own bookkeeping: counters many streams update at once, and options that do what they say."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+
+import pytest
+
+from actorlearner import config as cfg
+from actorlearner.cli import warn_if_exposed
+from actorlearner.config import LearnerConfig
+from actorlearner.learner.learner import Learner
+from actorlearner.transport import SecurityConfig
+from actorlearner.v1 import learner_pb2 as pb
+from streams import hello
+
+
+def test_env_steps_from_many_streams_add_up_exactly():
+    learner = Learner(LearnerConfig(env="CartPole-v1", eval_every=0))
+    streams = [learner.connect(hello(f"a{i}").hello) for i in range(8)]
+    stats = pb.EpisodeStats(returns=[1.0], lengths=[1], env_steps=1, policy_version=0)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: an unlocked += loses updates
+    try:
+        threads = [threading.Thread(target=lambda s=s: [learner.record_episodes(s, stats) for _ in range(2000)])
+                   for s in streams]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert learner.env_steps == 8 * 2000
+
+
+@pytest.mark.parametrize("host, exposed", [
+    ("127.0.0.1", False), ("localhost", False), ("::1", False), ("[::1]", False),
+    ("0.0.0.0", True), ("", True), ("[::]", True), ("learner-0.learner.default.svc", True), ("10.0.0.7", True),
+])
+def test_the_exposure_warning_takes_any_host(host, exposed, caplog):
+    """A host name used to crash it (ValueError from ipaddress); a name other than localhost counts as exposed."""
+    with caplog.at_level(logging.WARNING):
+        warn_if_exposed(host, SecurityConfig())
+        warn_if_exposed(host, SecurityConfig(auth_token="t"))
+    assert [r.getMessage().count("WITHOUT AUTHENTICATION") for r in caplog.records] == ([1] if exposed else [])
+
+
+def test_algorithm_device_and_seed_are_the_learners_not_options():
+    """--dqn-device and --dqn-seed were documented but overwritten by --device and --seed: they are gone."""
+    flags = {opt.flag for opt in cfg.options(cfg.LearnerConfig)}
+    assert {"--device", "--seed", "--dqn-lr"} <= flags
+    assert not flags & {"--dqn-device", "--dqn-seed"}
+    learner = Learner(cfg.build(cfg.LearnerConfig, environ={"ACTORLEARNER_SEED": "7", "ACTORLEARNER_DEVICE": "cpu"}))
+    assert (learner.algorithm.config.seed, learner.algorithm.config.device) == (7, "cpu")

@@ -1,0 +1,139 @@
+"""A stream's end ends everything done on its behalf: limiter waits, reader threads, failures stay on one stream."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import threading
+
+import grpc
+import pytest
+
+from actorlearner.config import LearnerConfig
+from actorlearner.learner.learner import Learner
+from actorlearner.learner.server import serve
+from procs import wait_until
+from streams import RawStream, batch, hello
+
+STREAMS = 50
+
+
+def reader_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("read-")]
+
+
+def fill_limiter(learner: Learner) -> None:
+    """Insert until the rate limiter holds further inserts (nothing samples: the learner is not started)."""
+    stream = learner.connect(hello("filler").hello)
+    seq = 0
+    while learner.limiter.can_insert():
+        seq += 1
+        assert learner.ingest(stream, batch(seq, n=256).batch)
+    learner.disconnect(stream)
+
+
+def test_cut_streams_end_their_limiter_waits_and_leave_nothing_behind():
+    """50 streams whose batches wait on the limiter are cut: readers exit, the limiter counts nothing of them."""
+    learner = Learner(LearnerConfig(env="CartPole-v1", max_streams=STREAMS + 4, eval_every=0))  # default limiter
+    fill_limiter(learner)
+    with serve(learner, "127.0.0.1", 0) as port:
+        address = f"127.0.0.1:{port}"
+        # As many streams as the cap first: gRPC's worker pool grows to its size and stays (bounded, not a leak).
+        warm = [RawStream(address, hello(f"warm-{i}")) for i in range(learner.config.max_streams)]
+        for stream in warm:
+            stream.next("welcome")
+            stream.close()
+        wait_until(lambda: not reader_threads() and not any(a.connected for a in learner.status().actors), 30,
+                   "the warm-up streams to end")
+        threads, inserts, stored = threading.active_count(), learner.limiter.inserts, learner.replay.inserted
+
+        held = [RawStream(address, hello(f"held-{i}"), batch(1)) for i in range(STREAMS)]
+        wait_until(lambda: learner.limiter.waiting["inserts"] == STREAMS, 60, f"{STREAMS} batches waiting on the limiter")
+        for stream in held:
+            stream.cancel()  # as a SIGKILLed actor's stream ends
+        wait_until(lambda: not reader_threads(), 30, "every reader thread to end")
+        for stream in held:
+            assert stream.wait_end()[0] == grpc.StatusCode.CANCELLED
+            assert not [m for m in stream.messages() if m.WhichOneof("kind") == "ack"]
+            stream.close()  # and the client's own threads go too
+        wait_until(lambda: threading.active_count() <= threads, 30, f"thread count back to {threads}")
+        assert (learner.limiter.inserts, learner.replay.inserted) == (inserts, stored)
+        assert learner.limiter.waiting["inserts"] == 0
+        assert not any(a.connected for a in learner.status().actors)
+    learner.stop()
+
+
+def test_a_failure_inside_ingest_ends_that_stream_alone_with_internal(caplog):
+    """Any exception (here an injected device failure) ends its stream with a status, logged once."""
+    learner = Learner(LearnerConfig(env="CartPole-v1", eval_every=0))
+    real_add = learner.replay.add
+
+    def add(batch_fields, priorities=None, policy_version=0):
+        if threading.current_thread().name == "read-doomed":
+            raise RuntimeError("CUDA out of memory (injected)")
+        return real_add(batch_fields, priorities, policy_version=policy_version)
+
+    learner.replay.add = add  # fault injection: a failure this CPU-only machine cannot produce for real
+    with serve(learner, "127.0.0.1", 0) as port, caplog.at_level(logging.WARNING):
+        address = f"127.0.0.1:{port}"
+        good = RawStream(address, hello("good"), batch(1))
+        assert good.next("ack").ack.seq == 1
+        doomed = RawStream(address, hello("doomed"), batch(1))
+        code, details = doomed.wait_end()
+        assert code == grpc.StatusCode.INTERNAL and "RuntimeError: CUDA out of memory (injected)" in details
+        good.send(batch(2))
+        assert good.next("ack").ack.seq == 2  # the same stream goes on
+        again = RawStream(address, hello("after"), batch(1))  # and new streams are served
+        assert again.next("ack").ack.seq == 1
+        for stream in (good, again):
+            stream.close()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "doomed" in errors[0].getMessage() and errors[0].exc_info
+    assert learner.limiter.inserts == learner.replay.inserted == 2 * 16 + 16
+    learner.stop()
+
+
+def test_train_step_hands_back_samples_it_could_not_draw():
+    """With nothing recent enough to sample, the limiter's sample count stays what was trained on."""
+    learner = Learner(LearnerConfig(env="CartPole-v1", eval_every=0, min_replay_size=32, batch_size=32,
+                                    publish_every=1, max_policy_lag=1))
+    stream = learner.connect(hello("old").hello)
+    assert learner.ingest(stream, batch(1, n=64, policy_version=0).batch)
+    attempts = [learner.train_step() for _ in range(6)]
+    assert attempts[:2] == [True, True] and not any(attempts[2:])  # version 0 items fall out of the lag bound
+    assert learner.limiter.samples == learner.updates * 32
+
+
+def test_sigterm_with_a_batch_waiting_sends_shutdown_and_ends_ok(tmp_path):
+    """A draining learner drops a batch it has not stored (the actor resends it) and says Shutdown, not an error."""
+    log = tmp_path / "learner.log"
+    learner = subprocess.Popen(
+        [sys.executable, "-m", "actorlearner", "learner", "--port", "0", "--eval-every", "0", "--max-updates", "1",
+         "--min-replay-size", "64", "--batch-size", "32", "--samples-per-insert", "1", "--rate-error-buffer", "64"],
+        stdout=subprocess.PIPE, stderr=log.open("w"), text=True)  # one update, then inserts wait: a full limiter
+    try:
+        port = int(learner.stdout.readline().rsplit(":", 1)[1])
+        stream = RawStream(f"127.0.0.1:{port}", hello("drained"))
+        stream.next("welcome")
+        seq = 0
+        while True:  # send until a batch goes unacked: it waits on the limiter
+            seq += 1
+            stream.send(batch(seq, n=64))
+            try:
+                stream.next("ack", timeout=5)
+            except AssertionError:
+                break
+            assert seq < 100, "the limiter never held a batch"
+        learner.send_signal(signal.SIGTERM)
+        assert stream.next("shutdown", timeout=60).shutdown.reason
+        assert not [m for m in stream.messages() if m.WhichOneof("kind") == "ack"]  # the waiting batch: not acked
+        stream.close()  # as an actor does on Shutdown
+        assert stream.wait_end(60)[0] in (grpc.StatusCode.OK, grpc.StatusCode.CANCELLED)  # no error from the learner
+        assert learner.wait(60) == 0
+    finally:
+        learner.kill()
+    text = log.read_text()
+    assert "bad input" not in text and "Traceback" not in text, text[-3000:]
+    assert "was not stored (the learner is shutting down)" in text
