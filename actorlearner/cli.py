@@ -59,7 +59,8 @@ def on_signals(handler) -> None:
 
 
 def learner_command(config: cfg.LearnerConfig) -> int:
-    """Serve until SIGTERM/SIGINT; then report NOT_SERVING, stop accepting, checkpoint and exit 0."""
+    """Serve until SIGTERM/SIGINT (exit 0) or a training failure (exit 1); then report NOT_SERVING,
+    stop accepting, checkpoint."""
     from actorlearner.learner.learner import Learner
     from actorlearner.learner.server import serve
 
@@ -167,6 +168,8 @@ def run_command(config: cfg.RunConfig) -> int:
                 break
             if all(a.poll() is not None for a in actors):
                 logger.error("every actor exited; stopping")
+                break
+            if learner.failed.is_set():
                 break
             if elapsed - last_print >= 2.0:
                 last_print = elapsed

@@ -95,6 +95,23 @@ def test_a_failure_inside_ingest_ends_that_stream_alone_with_internal(caplog):
     learner.stop()
 
 
+def test_a_failure_in_training_stops_the_learner_loudly_instead_of_serving_untrained(caplog):
+    learner = Learner(LearnerConfig(env="CartPole-v1", eval_every=0, min_replay_size=32, batch_size=32))
+
+    def update(sample):
+        raise RuntimeError("CUDA out of memory (injected)")
+
+    learner.algorithm.update = update  # fault injection, as above
+    stream = learner.connect(hello("feeder").hello)
+    assert learner.ingest(stream, batch(1, n=64).batch)
+    with caplog.at_level(logging.ERROR):
+        learner.start()
+        assert learner.failed.wait(60), "the trainer's failure went unnoticed"
+    learner.stop()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == ["training failed; the learner stops"]
+    assert learner.limiter.samples == 32  # the one sample drawn before the failure
+
+
 def test_train_step_hands_back_samples_it_could_not_draw():
     """With nothing recent enough to sample, the limiter's sample count stays what was trained on."""
     learner = Learner(LearnerConfig(env="CartPole-v1", eval_every=0, min_replay_size=32, batch_size=32,

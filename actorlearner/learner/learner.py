@@ -129,6 +129,7 @@ class Learner:
         self.insert_meter = telemetry.RateMeter()
         self.sample_meter = telemetry.RateMeter()
         self.stopping = threading.Event()
+        self.failed = threading.Event()  # training raised: the process should drain and exit non-zero
         self._sealed = False  # set before the final checkpoint: later batches are refused, not acked
         self._seq_table: dict[str, int] = {}  # highest stored seq per actor id; under replay_lock
         self._actors: dict[str, ActorRecord] = {}
@@ -461,7 +462,18 @@ class Learner:
         self._threads.append(thread)
 
     def _train_loop(self) -> None:
-        """Train (until max_updates) and checkpoint on schedule, even while training waits or is done."""
+        """Train (until max_updates) and checkpoint on schedule, even while training waits or is done.
+
+        An exception (a bug, CUDA out of memory) is logged once and sets :attr:`failed`, instead
+        of leaving a learner that serves but no longer trains.
+        """
+        try:
+            self._train_until_stopped()
+        except Exception:
+            logger.exception("training failed; the learner stops")
+            self.failed.set()
+
+    def _train_until_stopped(self) -> None:
         limit = self.config.max_updates
         while not self.stopping.is_set():
             if limit and self.updates >= limit:
