@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import grpc
 import pytest
@@ -18,6 +19,8 @@ from procs import wait_until
 from streams import RawStream, batch, hello
 
 STREAMS = 50
+KILLED = 10
+RAW_ACTOR = str(Path(__file__).with_name("raw_actor.py"))
 
 
 def reader_threads() -> list[str]:
@@ -34,20 +37,26 @@ def fill_limiter(learner: Learner) -> None:
     learner.disconnect(stream)
 
 
+def warm_pool(learner: Learner, address: str) -> int:
+    """Open as many streams as the cap at once and close them: gRPC's worker pool grows to its size
+    and stays (bounded, not a leak). Returns the thread count after."""
+    warm = [RawStream(address, hello(f"warm-{i}")) for i in range(learner.config.max_streams)]
+    for stream in warm:
+        stream.next("welcome")
+        stream.close()
+    wait_until(lambda: not reader_threads() and not any(a.connected for a in learner.status().actors), 30,
+               "the warm-up streams to end")
+    return threading.active_count()
+
+
 def test_cut_streams_end_their_limiter_waits_and_leave_nothing_behind():
     """50 streams whose batches wait on the limiter are cut: readers exit, the limiter counts nothing of them."""
     learner = Learner(LearnerConfig(env="CartPole-v1", max_streams=STREAMS + 4, eval_every=0))  # default limiter
     fill_limiter(learner)
     with serve(learner, "127.0.0.1", 0) as port:
         address = f"127.0.0.1:{port}"
-        # As many streams as the cap first: gRPC's worker pool grows to its size and stays (bounded, not a leak).
-        warm = [RawStream(address, hello(f"warm-{i}")) for i in range(learner.config.max_streams)]
-        for stream in warm:
-            stream.next("welcome")
-            stream.close()
-        wait_until(lambda: not reader_threads() and not any(a.connected for a in learner.status().actors), 30,
-                   "the warm-up streams to end")
-        threads, inserts, stored = threading.active_count(), learner.limiter.inserts, learner.replay.inserted
+        threads = warm_pool(learner, address)
+        inserts, stored = learner.limiter.inserts, learner.replay.inserted
 
         held = [RawStream(address, hello(f"held-{i}"), batch(1)) for i in range(STREAMS)]
         wait_until(lambda: learner.limiter.waiting["inserts"] == STREAMS, 60, f"{STREAMS} batches waiting on the limiter")
@@ -62,6 +71,32 @@ def test_cut_streams_end_their_limiter_waits_and_leave_nothing_behind():
         assert (learner.limiter.inserts, learner.replay.inserted) == (inserts, stored)
         assert learner.limiter.waiting["inserts"] == 0
         assert not any(a.connected for a in learner.status().actors)
+    learner.stop()
+
+
+def test_actor_processes_killed_one_after_another_while_held_leave_no_threads():
+    """The issue's measurement: 10 actors SIGKILLed one after another while the limiter held their inserts."""
+    learner = Learner(LearnerConfig(env="CartPole-v1", eval_every=0, max_streams=KILLED + 2))
+    fill_limiter(learner)
+    with serve(learner, "127.0.0.1", 0) as port:
+        threads, inserts = warm_pool(learner, f"127.0.0.1:{port}"), learner.limiter.inserts
+        actors = [subprocess.Popen([sys.executable, RAW_ACTOR, f"127.0.0.1:{port}", f"killed-{i}", "7"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for i in range(KILLED)]
+        try:
+            for i, actor in enumerate(actors):
+                assert actor.stdout.readline().strip() == "welcome"
+                actor.stdin.write("send 1 16\n")
+                actor.stdin.flush()
+                wait_until(lambda: learner.limiter.waiting["inserts"] == 1, 60, f"actor {i}'s batch to wait")
+                actor.kill()
+                actor.wait()
+        finally:
+            for actor in actors:
+                actor.kill()
+                actor.wait()
+        wait_until(lambda: not reader_threads(), 30, "every reader thread to end")
+        wait_until(lambda: threading.active_count() <= threads, 30, f"thread count back to {threads}")
+        assert learner.limiter.inserts == inserts and learner.limiter.waiting["inserts"] == 0
     learner.stop()
 
 
