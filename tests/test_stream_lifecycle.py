@@ -90,6 +90,7 @@ def test_actor_processes_killed_one_after_another_while_held_leave_no_threads():
                 wait_until(lambda: learner.limiter.waiting["inserts"] == 1, 60, f"actor {i}'s batch to wait")
                 actor.kill()
                 actor.wait()
+                wait_until(lambda: learner.limiter.waiting["inserts"] == 0, 30, f"actor {i}'s wait to end")
         finally:
             for actor in actors:
                 actor.kill()
