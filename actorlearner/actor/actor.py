@@ -13,9 +13,9 @@ import numpy as np
 import torch
 
 from actorlearner import specs, wire
-from actorlearner.actor.link import LearnerLink
+from actorlearner.actor.link import LearnerLink, Session, SettingsError
 from actorlearner.actor.nstep import NStepAssembler
-from actorlearner.algorithms import make_algorithm
+from actorlearner.algorithms import Algorithm, make_algorithm
 from actorlearner.algorithms.dqn import DQNConfig, apex_epsilons
 from actorlearner.config import ActorConfig
 from actorlearner.envs import make_vector_env
@@ -29,9 +29,22 @@ logger = logging.getLogger(__name__)
 class Actor:
     """Steps envs with epsilon-greedy actions of the newest policy it has and streams batches.
 
-    The learner's Welcome fixes the settings (n-step, gamma, batch size, window, codec,
-    this actor's Ape-X epsilon); policy updates are applied between env steps and every
-    batch carries the version that produced it.
+    Every Welcome's settings apply (n-step, gamma, batch size, window, codec, this actor's
+    Ape-X epsilon, the network of ``algorithm_config``); policy updates are applied between
+    env steps and every batch carries the version that produced it. When a Welcome comes
+    from another learner (a restart) or changes what shapes batches (n-step, gamma, batch
+    size, codec, priorities, network), the previous session is closed out first:
+
+    - batches that already hold a seq (the unacked window) are resent as they are, same
+      seq, size and codec: nothing acked is lost, nothing is inserted twice;
+    - windows pending in the n-step assembler are flushed as truncated transitions (their
+      ``discount`` = old gamma**k keeps them valid targets whatever the new settings), and
+      with the partly filled batch they go out as the old session's last batches (old size,
+      the last one smaller, old codec, old policy version) with fresh seqs, into the window.
+      Flushing rather than dropping keeps every env step in exactly one transition, and no
+      batch mixes two sessions' transitions or versions;
+    - a changed ``algorithm_config`` replaces the network, and the loop acts again only
+      once weights of the new session arrived; an unchanged one keeps network and weights.
     """
 
     def __init__(self, config: ActorConfig):
@@ -44,9 +57,18 @@ class Actor:
         hello = pb.Hello(actor_id=self.actor_id, protocol_version=wire.PROTOCOL_VERSION, algorithm="dqn",
                          env_spec=specs.env_spec(config.env, obs_space, act_space), policy_version=-1)
         self.link = LearnerLink(config.learner, hello, config.max_message_bytes,
-                                config.reconnect_initial, config.reconnect_max, config.security)
-        self.algorithm = None
-        self.policy_version = -1
+                                config.reconnect_initial, config.reconnect_max, config.security,
+                                build_policy=self._build_policy)
+        # What the env loop runs; only its thread changes these.
+        self.session: Session | None = None  # the Welcome whose settings are in force
+        self.algorithm: Algorithm | None = None
+        self.policy_version = -1  # -1 while the network has no weights
+        self.assembler: NStepAssembler | None = None
+        self.epsilon = 1.0
+        self._blocks: list[dict[str, np.ndarray]] = []  # transitions not yet in a batch
+        self._block_count = 0
+        self._batch_version = -1  # version that produced the first of them
+        self._seq = self._first_seq()
         self.env_steps = 0
         self.steps_meter = RateMeter()
         self.last_return = float("nan")
@@ -57,7 +79,6 @@ class Actor:
         """Act until :meth:`stop` (or ``max_env_steps`` real env steps), then flush unacked batches."""
         self.link.start()
         try:
-            self._wait_for_policy()
             self._loop(max_env_steps)
         finally:
             self.link.flush(timeout=5.0)
@@ -80,39 +101,74 @@ class Actor:
             Metric("episode_return", "Return of the last finished episode (NaN before any).", self.last_return),
         ]
 
-    def _wait_for_policy(self) -> None:
-        """Block until the learner has welcomed us and sent a policy."""
-        while not self.stop_event.is_set():
-            if self.link.error:
-                raise self.link.error
-            if self.link.welcomed.wait(0.1) and self._apply_policy():
-                return
+    def _build_policy(self, settings: pb.Settings) -> Algorithm:
+        """Check a Welcome's settings and build the network they describe (on the link's reader thread).
 
-    def _apply_policy(self) -> bool:
-        """Load the newest policy the link holds; build the network on first use."""
-        latest = self.link.take_policy()
-        if latest is None:
-            return False
-        version, state = latest
-        if self.algorithm is None:
-            config = DQNConfig(**{**json.loads(self.link.welcome.settings.algorithm_config or "{}"),
-                                  "device": "cpu", "seed": self.config.seed})
-            self.algorithm = make_algorithm("dqn", self.obs_space, self.act_space, config)
-        self.algorithm.load_policy_state_dict(state)
-        self.policy_version = version
-        self.link.set_held_version(version)
-        return True
+        Raises SettingsError naming what this actor cannot apply.
+        """
+        try:
+            if settings.n_step < 1:
+                raise ValueError(f"n_step must be >= 1, got {settings.n_step}")
+            if settings.batch_size < 1:
+                raise ValueError(f"batch_size must be >= 1, got {settings.batch_size}")
+            if not 0.0 <= settings.gamma <= 1.0:
+                raise ValueError(f"gamma must be in [0, 1], got {settings.gamma}")
+            wire.Codec.parse(settings.codec)
+            hyperparameters = json.loads(settings.algorithm_config or "{}")
+            if not isinstance(hyperparameters, dict):
+                raise TypeError("algorithm_config must be a JSON object")
+            config = DQNConfig(**{**hyperparameters, "device": "cpu", "seed": self.config.seed})
+            return make_algorithm("dqn", self.obs_space, self.act_space, config)
+        except (ValueError, TypeError, RuntimeError) as exc:  # what bad values make configs and torch raise
+            raise SettingsError(f"{type(exc).__name__}: {exc}") from None
+
+    def _follow_learner(self) -> bool:
+        """Apply the newest Welcome and weights the link holds; False while the network has no weights.
+
+        Weights come with the session they were decoded for, and that session is applied
+        before they are loaded: the loop never acts with a network of one Welcome and
+        weights of another.
+        """
+        received = self.link.take_policy()
+        session = received.session if received is not None else self.link.session
+        if session is not None and session is not self.session:
+            self._apply_session(session)
+        if received is not None:
+            self.algorithm.load_policy_state_dict(received.state)
+            self.policy_version = received.version
+            self.link.hold(received)
+        return self.policy_version >= 0
+
+    def _apply_session(self, session: Session) -> None:
+        """Close out the previous session if needed, then rebuild what depends on the settings."""
+        settings, previous = session.settings, self.session
+        if previous is None:
+            self.assembler = NStepAssembler(self.config.num_envs, settings.n_step, settings.gamma,
+                                            self.obs_space.shape, obs_dtype=self.obs_space.dtype)
+        elif _reshapes_batches(previous, session):
+            self.assembler, flushed = self.assembler.rebuild(settings.n_step, settings.gamma)
+            self._collect(flushed)
+            self._send_batches(previous.settings, everything=True)
+        num_actors = max(settings.num_actors, 1)
+        self.epsilon = apex_epsilons(num_actors, settings.epsilon_base,
+                                     settings.epsilon_alpha)[settings.actor_index % num_actors]
+        new_network = previous is None or settings.algorithm_config != previous.settings.algorithm_config
+        if new_network:
+            self.algorithm, self.policy_version = session.policy, -1
+        self.session = session
+        changed = ["all"] if previous is None else [
+            *(["learner"] if session.learner_id != previous.learner_id else []),
+            *(f.name for f in pb.Settings.DESCRIPTOR.fields
+              if getattr(settings, f.name) != getattr(previous.settings, f.name))]
+        logger.info("applied settings from learner %s: n_step=%d gamma=%.6g batch_size=%d max_unacked=%d codec=%s "
+                    "actor_priorities=%s epsilon=%.6g (actor %d of %d); changed: %s; network %s",
+                    session.learner_id, settings.n_step, settings.gamma, settings.batch_size, settings.max_unacked,
+                    wire.Codec.parse(settings.codec).label, settings.actor_priorities, self.epsilon,
+                    settings.actor_index % num_actors, num_actors, ", ".join(changed) or "nothing",
+                    f"built from {settings.algorithm_config}" if new_network else "kept")
 
     def _loop(self, max_env_steps: int) -> None:
-        settings = self.link.welcome.settings
-        epsilon = apex_epsilons(max(settings.num_actors, 1), settings.epsilon_base,
-                                settings.epsilon_alpha)[settings.actor_index % max(settings.num_actors, 1)]
         num_envs = self.config.num_envs
-        assembler = NStepAssembler(num_envs, settings.n_step, settings.gamma, self.obs_space.shape,
-                                   obs_dtype=self.obs_space.dtype)
-        codec = wire.Codec.parse(settings.codec)
-        pending: list[dict[str, np.ndarray]] = []
-        pending_count, batch_version, seq = 0, self.policy_version, self._first_seq()
         returns, lengths = np.zeros(num_envs), np.zeros(num_envs, np.int64)
         was_done = np.zeros(num_envs, bool)
         done_returns, done_lengths, steps_since_stats = [], [], 0
@@ -121,8 +177,10 @@ class Actor:
         while not self.stop_event.is_set() and not (max_env_steps and self.env_steps >= max_env_steps):
             if self.link.error:
                 raise self.link.error
-            self._apply_policy()
-            actions = self.algorithm.act(obs, epsilon)
+            if not self._follow_learner():
+                self.stop_event.wait(0.05)  # a new network waits for its first weights
+                continue
+            actions = self.algorithm.act(obs, self.epsilon)
             next_obs, rewards, terminated, truncated, _ = self.envs.step(actions)
             real = ~was_done  # with next-step autoreset, a step after an episode end is a reset
             self.env_steps += int(real.sum())
@@ -137,18 +195,9 @@ class Actor:
                 self.last_return = done_returns[-1]
             returns[done], lengths[done] = 0.0, 0
             was_done = done
-            transitions = assembler.push(obs, actions, rewards, terminated, truncated, next_obs)
+            self._collect(self.assembler.push(obs, actions, rewards, terminated, truncated, next_obs))
             obs = next_obs
-            if transitions is not None and len(transitions["reward"]):
-                if not pending:
-                    batch_version = self.policy_version
-                pending.append(transitions)
-                pending_count += len(transitions["reward"])
-            while pending_count >= settings.batch_size:
-                batch, pending, pending_count = _cut(pending, settings.batch_size)
-                self._send(batch, seq, batch_version, codec, settings.actor_priorities)
-                seq += 1
-                batch_version = self.policy_version
+            self._send_batches(self.session.settings)
             if time.monotonic() - last_stats >= self.config.stats_every:
                 self.link.send_stats(pb.EpisodeStats(returns=done_returns, lengths=done_lengths,
                                                      env_steps=steps_since_stats, policy_version=self.policy_version))
@@ -162,6 +211,25 @@ class Actor:
         """Seqs must rise across restarts of this actor id: start from the wall clock in microseconds."""
         return time.time_ns() // 1000
 
+    def _collect(self, transitions: dict[str, np.ndarray] | None) -> None:
+        """Add transitions to those waiting for a batch."""
+        if transitions is None or not len(transitions["reward"]):
+            return
+        if not self._blocks:
+            self._batch_version = self.policy_version
+        self._blocks.append(transitions)
+        self._block_count += len(transitions["reward"])
+
+    def _send_batches(self, settings: pb.Settings, everything: bool = False) -> None:
+        """Send every full batch of ``settings`` (with ``everything``, a last smaller one too), each with
+        the next seq."""
+        codec = wire.Codec.parse(settings.codec)
+        while self._block_count >= settings.batch_size or (everything and self._block_count):
+            batch, self._blocks, self._block_count = _cut(self._blocks, settings.batch_size)
+            self._send(batch, self._seq, self._batch_version, codec, settings.actor_priorities)
+            self._seq += 1
+            self._batch_version = self.policy_version
+
     def _send(self, batch: dict[str, np.ndarray], seq: int, version: int, codec: wire.Codec,
               with_priorities: bool) -> None:
         priorities = []
@@ -170,10 +238,18 @@ class Actor:
             priorities = self.algorithm.initial_priorities(tensors).tolist()
         message = wire.encode_batch_message(seq, version, len(batch["reward"]), wire.encode_batch(batch, codec),
                                             codec, priorities)
-        while not self.link.send_batch(seq, message, timeout=0.5):
+        while not self.link.send_batch(seq, message, timeout=0.5, policy_version=version):
             if self.stop_event.is_set():
                 return
         self.batches_sent += 1
+
+
+def _reshapes_batches(previous: Session, session: Session) -> bool:
+    """Whether data collected under ``previous`` must go out before ``session`` applies: another
+    learner (its versions may mean something else) or settings that shape transitions and batches."""
+    shaping = ("n_step", "gamma", "batch_size", "codec", "actor_priorities", "algorithm_config")
+    return (session.learner_id != previous.learner_id
+            or any(getattr(session.settings, name) != getattr(previous.settings, name) for name in shaping))
 
 
 def _cut(pending: list[dict[str, np.ndarray]], size: int):

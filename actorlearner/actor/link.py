@@ -1,4 +1,10 @@
-"""The actor's side of a Connect stream: bounded unacked window, resend on reconnect, latest policy slot."""
+"""The actor's side of a Connect stream: bounded unacked window, resend on reconnect, latest policy slot.
+
+Every Welcome starts a :class:`Session`: the learner's settings and the network they
+describe. Policy updates are decoded here, on the reader thread, against that network's
+state-dict spec, and handed over together with their session, so the env loop never
+loads weights into a network built for another Welcome.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +14,15 @@ import random
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import grpc
 import torch
 
 from actorlearner import wire
+from actorlearner.algorithms import Algorithm
 from actorlearner.transport import SecurityConfig, grpc_options, open_channel
 from actorlearner.v1 import learner_pb2 as pb
 
@@ -28,7 +38,41 @@ CONNECT_METHOD = f"/{pb.DESCRIPTOR.services_by_name['Learner'].full_name}/Connec
 
 
 class LinkError(RuntimeError):
-    """The learner refused this actor for good (wrong env spec, protocol, credentials...)."""
+    """The learner refused this actor for good (wrong env spec, protocol, credentials...), or
+    sent settings or weights this actor cannot apply."""
+
+
+class SettingsError(ValueError):
+    """A Welcome's settings that this actor cannot apply (raised by a link's ``build_policy``)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Session:
+    """One Welcome as the actor applies it: the learner's settings and the network they describe.
+
+    ``policy`` is a fresh network built for these settings (None for a link without
+    ``build_policy``); ``policy_spec`` is what every PolicyUpdate of the session must match.
+    """
+
+    welcome: pb.Welcome
+    policy: Algorithm | None
+    policy_spec: wire.Spec | None
+
+    @property
+    def settings(self) -> pb.Settings:
+        return self.welcome.settings
+
+    @property
+    def learner_id(self) -> str:
+        return self.welcome.learner_id
+
+
+class ReceivedPolicy(NamedTuple):
+    """A complete policy update, decoded against the spec of the session it arrived in."""
+
+    version: int
+    state: dict[str, torch.Tensor]
+    session: Session
 
 
 class LearnerLink:
@@ -38,27 +82,42 @@ class LearnerLink:
     the whole window is resent in seq order (the learner drops duplicates), so nothing
     acknowledged is lost and nothing is inserted twice. :meth:`send_batch` waits while
     the window is full: that is the actor's backpressure. Messages travel as serialized
-    bytes (see ``wire.encode_batch_message``), so a resend costs no re-encoding.
+    bytes (see ``wire.encode_batch_message``), so a resend costs no re-encoding: a batch
+    keeps its seq, size and codec even when a later Welcome changes the settings.
+
+    ``build_policy`` checks a Welcome's settings and builds the network they describe (on
+    the reader thread); it raises :class:`SettingsError` for settings it cannot apply.
+    Without it (a weights-only client) updates are decoded without an expected spec.
+
+    ``Hello.policy_version`` is the version the actor runs, or the newest version of a batch
+    in the window if that is newer (a learner restarted from an older checkpoint accepts
+    batch versions up to its Hello's). A learner sends no weights for a version the Hello
+    names; when those it has in mind do not fit the new Welcome's network, the link
+    reconnects once with -1 to get them.
     """
 
     def __init__(self, address: str, hello: pb.Hello, max_message_bytes: int,
-                 reconnect_initial: float = 0.1, reconnect_max: float = 5.0, security: SecurityConfig | None = None):
+                 reconnect_initial: float = 0.1, reconnect_max: float = 5.0, security: SecurityConfig | None = None,
+                 build_policy: Callable[[pb.Settings], Algorithm] | None = None):
         self.address = address
         self.security = security
         self.hello = hello
         self.max_message_bytes = max_message_bytes
         self.reconnect_initial, self.reconnect_max = reconnect_initial, reconnect_max
-        self.welcome: pb.Welcome | None = None
+        self.build_policy = build_policy
+        self.session: Session | None = None  # from the newest Welcome
         self.welcomed = threading.Event()
         self.connected = False  # a stream is up and welcomed
         self.error: LinkError | None = None
         self.reconnects = 0
         self.peak_unacked = 0  # the most batches the window ever held
-        self._unacked: OrderedDict[int, bytes] = OrderedDict()
+        self._unacked: OrderedDict[int, tuple[bytes, int]] = OrderedDict()  # seq -> (message, policy version)
         self._lock = threading.Condition()
         self._requests: queue.Queue | None = None
-        self._policy: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._policy: ReceivedPolicy | None = None  # always of the current session
         self._held_version = hello.policy_version
+        self._held_config: str | None = None  # algorithm_config of the session whose weights the actor runs
+        self._ask_for_weights = False  # the next Hello says -1: the learner withheld weights we need
         self._closing = threading.Event()
         self._call = None
         self._thread = threading.Thread(target=self._run, name="learner-link", daemon=True)
@@ -69,16 +128,16 @@ class LearnerLink:
 
     @property
     def max_unacked(self) -> int:
-        return max(1, self.welcome.settings.max_unacked) if self.welcome else 1
+        return max(1, self.session.settings.max_unacked) if self.session else 1
 
     @property
     def unacked(self) -> int:
         with self._lock:
             return len(self._unacked)
 
-    def send_batch(self, seq: int, message: bytes, timeout: float | None = None) -> bool:
-        """Queue a serialized batch message (``wire.encode_batch_message``) once the window has
-        room; False if ``timeout`` passed first."""
+    def send_batch(self, seq: int, message: bytes, timeout: float | None = None, policy_version: int = -1) -> bool:
+        """Queue a serialized batch message (``wire.encode_batch_message``, made by ``policy_version``)
+        once the window has room; False if ``timeout`` passed first."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while len(self._unacked) >= self.max_unacked and not self._closing.is_set():
@@ -88,7 +147,7 @@ class LearnerLink:
                     return False
                 self._lock.wait(0.2 if remaining is None else min(remaining, 0.2))
             self._raise_if_failed()
-            self._unacked[seq] = message
+            self._unacked[seq] = (message, policy_version)
             self.peak_unacked = max(self.peak_unacked, len(self._unacked))
             if self._requests is not None:
                 self._requests.put(message)
@@ -100,15 +159,22 @@ class LearnerLink:
             if self._requests is not None:
                 self._requests.put(pb.ActorMessage(episode_stats=stats).SerializeToString())
 
-    def take_policy(self) -> tuple[int, dict[str, torch.Tensor]] | None:
-        """The newest complete policy received since the last call, if any (older ones are skipped)."""
+    def take_policy(self) -> ReceivedPolicy | None:
+        """The newest complete policy received since the last call, if any (older ones are skipped).
+
+        It belongs to the session current when it is taken: a Welcome drops any policy of an
+        earlier session that was not taken yet.
+        """
         with self._lock:
             policy, self._policy = self._policy, None
             return policy
 
-    def set_held_version(self, version: int) -> None:
-        """The version the actor now runs: reported in the next Hello."""
-        self._held_version = version
+    def hold(self, policy: ReceivedPolicy) -> None:
+        """The actor now runs ``policy``: its version goes into the next Hello, and its session's
+        network decides whether a Welcome that withholds that version's weights must be asked again."""
+        with self._lock:
+            self._held_version = policy.version
+            self._held_config = policy.session.settings.algorithm_config
 
     def flush(self, timeout: float) -> bool:
         """Wait until every sent batch is acked; False if ``timeout`` passed first."""
@@ -159,6 +225,9 @@ class LearnerLink:
                     if not self._closing.is_set():
                         logger.info("stream to %s broke (%s); reconnecting in %.2fs",
                                     self.address, exc.code().name, delay)
+                except LinkError as exc:
+                    self._fail(exc)
+                    return
                 except wire.WireError as exc:
                     logger.warning("bad policy update from learner: %s; reconnecting", exc)
             with self._lock:
@@ -173,10 +242,12 @@ class LearnerLink:
         requests: queue.Queue = queue.Queue()
         hello = pb.Hello()
         hello.CopyFrom(self.hello)
-        hello.policy_version = self._held_version
-        requests.put(pb.ActorMessage(hello=hello).SerializeToString())
         with self._lock:
-            for message in self._unacked.values():
+            hello.policy_version = -1 if self._ask_for_weights else max(
+                [self._held_version, *(version for _, version in self._unacked.values())])
+            self._ask_for_weights = False
+            requests.put(pb.ActorMessage(hello=hello).SerializeToString())
+            for message, _ in self._unacked.values():
                 requests.put(message)
             self._requests = requests
         assembler = wire.ChunkAssembler(self.max_message_bytes * 64)
@@ -184,13 +255,16 @@ class LearnerLink:
                                         response_deserializer=pb.LearnerMessage.FromString)
         self._call = connect(_drain(requests))
         try:
-            return self._read(self._call, assembler)
+            return self._read(self._call, assembler, hello.policy_version)
         finally:
             self.connected = False
             self._call.cancel()
 
-    def _read(self, call, assembler: wire.ChunkAssembler) -> bool:
-        """Handle the learner's messages until the stream ends; True if it was welcomed."""
+    def _read(self, call, assembler: wire.ChunkAssembler, hello_version: int) -> bool:
+        """Handle the learner's messages until the stream ends; True if it was welcomed.
+
+        Raises LinkError for settings or weights this actor cannot apply.
+        """
         welcomed = False
         for message in call:
             kind = message.WhichOneof("kind")
@@ -203,21 +277,65 @@ class LearnerLink:
                 payload = assembler.add(update.version, update.chunk_index, update.chunk_count,
                                         update.total_bytes, update.payload)
                 if payload is not None:
-                    state = wire.decode_state_dict(payload, max_bytes=len(payload))
-                    with self._lock:
-                        self._policy = (update.version, state)
+                    self._receive_policy(update.version, payload)
             elif kind == "welcome":
-                self.welcome, welcomed = message.welcome, True
-                self.connected = True
+                self._start_session(message.welcome)
+                welcomed = self.connected = True
                 self.welcomed.set()
+                if self._weights_withheld(message.welcome, hello_version):
+                    break
             elif kind == "shutdown":
                 logger.info("learner is shutting down: %s", message.shutdown.reason)
                 break
         return welcomed
 
+    def _start_session(self, welcome: pb.Welcome) -> None:
+        """Make ``welcome`` the session in force: its window applies at once, its network
+        is built here, and a not yet taken policy of the previous session is dropped."""
+        policy, spec = None, None
+        if self.build_policy is not None:
+            try:
+                policy = self.build_policy(welcome.settings)
+            except SettingsError as exc:
+                raise LinkError(f"learner {welcome.learner_id} at {self.address} sent settings "
+                                f"this actor cannot apply: {exc}") from None
+            spec = wire.state_dict_spec(policy.policy_state_dict())
+        with self._lock:
+            self.session = Session(welcome, policy, spec)
+            self._policy = None
+            self._lock.notify_all()  # the window may have grown
+
+    def _weights_withheld(self, welcome: pb.Welcome, hello_version: int) -> bool:
+        """Whether the learner sends no weights (our Hello named its version) although the
+        ones we run do not fit its network; if so, the next Hello asks for them with -1."""
+        with self._lock:
+            if (self.build_policy is None or hello_version < 0 or welcome.policy_version != hello_version
+                    or self._held_config == welcome.settings.algorithm_config):
+                return False
+            self._ask_for_weights = True
+        logger.info("learner %s holds version %d of another network than this actor runs and sends no weights "
+                    "for it; reconnecting to ask for them", welcome.learner_id, welcome.policy_version)
+        return True
+
+    def _receive_policy(self, version: int, payload: bytes) -> None:
+        """Decode a complete update against the session's network and put it in the slot."""
+        session = self.session
+        if session is None:
+            raise wire.WireError("a policy update came before the Welcome")
+        try:
+            state = wire.decode_state_dict(payload, max_bytes=len(payload), expected=session.policy_spec)
+        except wire.WireError as exc:
+            if exc.code != "FAILED_PRECONDITION":
+                raise
+            raise LinkError(f"learner {session.learner_id} at {self.address} sent policy version {version} "
+                            f"that does not fit the network its Welcome describes: {exc}") from None
+        with self._lock:
+            self._policy = ReceivedPolicy(version, state, session)
+
     def _fail(self, error: LinkError) -> None:
         with self._lock:
             self.error = error
+            self._end_requests()
             self._lock.notify_all()
         self.welcomed.set()  # release anyone waiting for a Welcome that will never come
 

@@ -97,6 +97,20 @@ class NStepAssembler:
         self._count[:] = 0
         return out
 
+    def rebuild(self, n_step: int, gamma: float) -> tuple[NStepAssembler, dict[str, np.ndarray] | None]:
+        """Flush this assembler and return one for new settings that continues the same episodes.
+
+        The flushed windows are ordinary truncated transitions (their `discount` carries the
+        old gamma**k), so every env step still starts exactly one transition. The new
+        assembler inherits which envs are about to autoreset, so those reset steps still
+        produce nothing.
+        """
+        flushed = self.flush()
+        fresh = NStepAssembler(self.num_envs, n_step, gamma, self.obs_shape, self._action.shape[2:],
+                               self._action.dtype, self.obs_dtype)
+        fresh._autoreset[:] = self._autoreset
+        return fresh, flushed
+
     def _emit(
         self, all_windows: np.ndarray, oldest_window: np.ndarray, terminated: np.ndarray, next_obs: np.ndarray
     ) -> dict[str, np.ndarray] | None:
