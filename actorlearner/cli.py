@@ -74,16 +74,20 @@ def learner_command(config: cfg.LearnerConfig) -> int:
         learner.start()
         health.set(True)
         print(f"learner listening on {config.host}:{port}", flush=True)
-        while not stop.wait(5.0):
+        while not stop.wait(5.0) and not learner.failed.is_set():
             logger.info("%s", format_progress(learner.progress()))
         health.set(False)  # draining: probes see NOT_SERVING while the final checkpoint is written
         logger.info("stopping: actors told to go, final checkpoint")
         learner.stop()
-    return 0
+    return 1 if learner.failed.is_set() else 0
 
 
 def actor_command(config: cfg.ActorConfig) -> int:
-    """Act until SIGTERM/SIGINT; then flush unacked batches and exit 0 (2 if the learner refused us)."""
+    """Act until SIGTERM/SIGINT; then flush unacked batches and exit 0.
+
+    Exit 2, with one ERROR line and no traceback, if the learner refused this actor or sent
+    settings or weights it cannot apply (``LinkError``).
+    """
     from actorlearner.actor.actor import Actor
     from actorlearner.actor.link import LinkError
 

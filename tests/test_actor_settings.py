@@ -16,7 +16,7 @@ import pytest
 from procs import FAST_LEARNER, free_port, start_actor, start_learner, status, stop, wait_until
 
 from actorlearner import wire
-from actorlearner.actor.actor import Actor
+from actorlearner.actor.actor import Actor, _cut
 from actorlearner.actor.nstep import NStepAssembler
 from actorlearner.algorithms import make_algorithm
 from actorlearner.algorithms.dqn import DQNConfig
@@ -332,3 +332,13 @@ def test_actor_exits_2_with_one_error_line_on_settings_or_weights_it_cannot_appl
     assert code == 2, stderr
     assert len(errors) == 1 and all(name in errors[0] for name in names), stderr
     assert "hostile" in errors[0] and "Traceback" not in stderr
+
+
+def test_a_batch_spanning_a_policy_change_carries_the_oldest_version_of_its_transitions():
+    """learner.proto: the learner's staleness bound must never see a batch as newer than it is."""
+    blocks = [{"reward": np.arange(3.0)}, {"reward": np.arange(3.0, 7.0)}, {"reward": np.arange(7.0, 9.0)}]
+    versions = [4, 5, 6]
+    head, rest, rest_versions = _cut(blocks, versions, 5)  # the cut falls inside the version-5 block
+    assert head["reward"].tolist() == [0, 1, 2, 3, 4] and rest[0]["reward"].tolist() == [5, 6, 7, 8]
+    assert rest_versions == [5]  # the leftover starts with version-5 transitions, not the newest (6)
+    assert _cut(blocks, versions, 7)[2] == [6] and _cut(blocks, versions, 9)[1:] == ([], [])

@@ -66,8 +66,8 @@ class Actor:
         self.assembler: NStepAssembler | None = None
         self.epsilon = 1.0
         self._blocks: list[dict[str, np.ndarray]] = []  # transitions not yet in a batch
+        self._block_versions: list[int] = []  # the policy version that produced each block
         self._block_count = 0
-        self._batch_version = -1  # version that produced the first of them
         self._seq = self._first_seq()
         self.env_steps = 0
         self.steps_meter = RateMeter()
@@ -215,9 +215,8 @@ class Actor:
         """Add transitions to those waiting for a batch."""
         if transitions is None or not len(transitions["reward"]):
             return
-        if not self._blocks:
-            self._batch_version = self.policy_version
         self._blocks.append(transitions)
+        self._block_versions.append(self.policy_version)
         self._block_count += len(transitions["reward"])
 
     def _send_batches(self, settings: pb.Settings, everything: bool = False) -> None:
@@ -225,10 +224,11 @@ class Actor:
         the next seq."""
         codec = wire.Codec.parse(settings.codec)
         while self._block_count >= settings.batch_size or (everything and self._block_count):
-            batch, self._blocks, self._block_count = _cut(self._blocks, settings.batch_size)
-            self._send(batch, self._seq, self._batch_version, codec, settings.actor_priorities)
+            version = self._block_versions[0]  # the oldest that produced any of the batch (learner.proto)
+            batch, self._blocks, self._block_versions = _cut(self._blocks, self._block_versions, settings.batch_size)
+            self._block_count -= len(batch["reward"])
+            self._send(batch, self._seq, version, codec, settings.actor_priorities)
             self._seq += 1
-            self._batch_version = self.policy_version
 
     def _send(self, batch: dict[str, np.ndarray], seq: int, version: int, codec: wire.Codec,
               with_priorities: bool) -> None:
@@ -252,10 +252,13 @@ def _reshapes_batches(previous: Session, session: Session) -> bool:
             or any(getattr(session.settings, name) != getattr(previous.settings, name) for name in shaping))
 
 
-def _cut(pending: list[dict[str, np.ndarray]], size: int):
-    """Split the first ``size`` transitions off a list of transition blocks."""
+def _cut(pending: list[dict[str, np.ndarray]], versions: list[int], size: int):
+    """Split the first ``size`` transitions off a list of transition blocks made by ``versions``;
+    returns (head, the rest as at most one block, its version)."""
     merged = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
     head = {k: v[:size] for k, v in merged.items()}
     rest = {k: v[size:] for k, v in merged.items()}
-    count = len(rest["reward"])
-    return head, ([rest] if count else []), count
+    if not len(rest["reward"]):
+        return head, [], []
+    ends = np.cumsum([len(p["reward"]) for p in pending])
+    return head, [rest], [versions[int(np.searchsorted(ends, size, side="right"))]]
