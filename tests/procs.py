@@ -13,10 +13,11 @@ import grpc
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
-# Small and quick: training starts early and publishes often.
+# Small and quick: training starts early and publishes often. The rate limiter is the default one;
+# a test that needs another passes it and says why.
 FAST_LEARNER = ["--env", "CartPole-v1", "--replay-capacity", "20000", "--min-replay-size", "256",
                 "--batch-size", "64", "--publish-every", "5", "--eval-every", "0",
-                "--dqn-hidden-sizes", "32,32", "--rate-error-buffer", "1000000"]
+                "--dqn-hidden-sizes", "32,32"]
 
 
 def start_learner(*args: str, port: int = 0) -> tuple[subprocess.Popen, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 UP, DOWN = "up", "down"  # client -> target, target -> client
 
@@ -27,7 +28,7 @@ class TcpProxy:
         self._refusing = False
         self._closed = False
         self.cuts = 0
-        self.accepted = 0  # connections accepted, refused ones included
+        self.accept_times: list[float] = []  # time.monotonic() of each connection accepted, refused ones included
         self.forwarded = {UP: 0, DOWN: 0}  # bytes passed on, per direction
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -80,7 +81,7 @@ class TcpProxy:
             except OSError:
                 return
             with self._lock:
-                self.accepted += 1
+                self.accept_times.append(time.monotonic())
                 refusing = self._refusing
             if refusing:
                 client.close()

@@ -1,6 +1,5 @@
 """Exactly once across broken streams, and chunked policy broadcast, against a live in-process learner."""
 
-import threading
 import time
 
 import numpy as np
@@ -13,9 +12,11 @@ from actorlearner.config import LearnerConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.server import serve
 from actorlearner.v1 import learner_pb2 as pb
+from procs import wait_until
 from tcp_proxy import TcpProxy
 
-BATCH = 16
+BATCH = 16  # transitions per batch
+SEQS, CUTS, HELD = 200, 4, 4  # batches in all, connection cuts, batches in flight at each cut
 
 
 @pytest.fixture
@@ -38,42 +39,48 @@ def batch_for(seq: int) -> bytes:
 
 
 def test_cut_streams_lose_nothing_acked_and_insert_nothing_twice(learner):
+    """The connection is cut CUTS times with HELD batches in flight: alternately after the learner
+    stored them but before their acks got back, and before they reached the learner."""
+    # No learner.start(): nothing trains, so nothing is sampled, and the default rate limiter admits
+    # min_replay_size + rate_error_buffer / samples_per_insert items in all. The test stays below
+    # that, so no insert ever waits on it.
+    limit = learner.config.min_replay_size + learner.config.rate_error_buffer / learner.config.samples_per_insert
+    assert SEQS * BATCH <= limit
     with serve(learner, "127.0.0.1", 0) as port:
         proxy = TcpProxy(port)
         link = LearnerLink(f"127.0.0.1:{proxy.port}", make_hello(learner, "cutter"), 16 << 20,
                            reconnect_initial=0.05, reconnect_max=0.2).start()
-        in_flight_at_cut = []
-        cutter_done = threading.Event()
+        seq, in_flight_at_cut = 0, []
 
-        def cutter():
-            # Cut only live connections with batches in flight, four times.
-            while len(in_flight_at_cut) < 4:
-                time.sleep(0.15)
-                if proxy.live() and link.unacked:
-                    in_flight_at_cut.append(link.unacked)
-                    proxy.cut()
-            cutter_done.set()
+        def send(n: int) -> None:
+            nonlocal seq
+            for _ in range(n):
+                seq += 1
+                assert link.send_batch(seq, batch_for(seq), timeout=60)
 
-        thread = threading.Thread(target=cutter, daemon=True)
-        thread.start()
-        seq = 0
-        while seq < 200 or (not cutter_done.is_set() and seq < 5000):
-            seq += 1
-            assert link.send_batch(seq, batch_for(seq), timeout=30)
-            time.sleep(0.005)
-        seqs = range(1, seq + 1)
-        assert link.flush(timeout=30), f"{link.unacked} batches never acked"
-        assert cutter_done.is_set(), "the cutter never found batches in flight"
+        for cut in range(CUTS):
+            send(SEQS // (CUTS + 1) - HELD)
+            assert link.flush(timeout=60), f"{link.unacked} batches never acked"  # the window is empty
+            acks_lost = cut % 2 == 0
+            proxy.stall(up_after=None if acks_lost else 0, down_after=0 if acks_lost else None)
+            send(HELD)
+            if acks_lost:
+                wait_until(lambda: learner.inserted_batches == seq, 60, "the learner to store the held batches")
+            in_flight_at_cut.append(link.unacked)
+            proxy.cut()
+            proxy.resume()
+        send(SEQS - seq)
+        assert link.flush(timeout=60), f"{link.unacked} batches never acked"
         link.close()
         proxy.close()
 
-    assert len(in_flight_at_cut) == 4 and min(in_flight_at_cut) > 0 and link.reconnects >= 4
+    assert in_flight_at_cut == [HELD] * CUTS and link.reconnects >= CUTS
     state = learner.replay.state_dict()
     obs = state["field.obs"].numpy()
-    counts = np.bincount(obs[:, 0].astype(np.int64), minlength=max(seqs) + 1)
+    counts = np.bincount(obs[:, 0].astype(np.int64), minlength=SEQS + 1)
     assert (counts[1:] == BATCH).all(), f"per-seq item counts: {dict(enumerate(counts))}"
-    assert len(learner.replay) == BATCH * len(seqs) and learner.inserted_batches == len(seqs)
-    for seq in seqs:  # every transition of every batch, once
+    assert len(learner.replay) == BATCH * SEQS and learner.inserted_batches == SEQS
+    for seq in range(1, SEQS + 1):  # every transition of every batch, once
         rows = np.sort(obs[obs[:, 0] == seq, 1])
         assert np.array_equal(rows, np.arange(BATCH))
 

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from actorlearner.replay import RateLimiter
+from procs import wait_until
 
 
 def test_sampling_waits_for_min_size():
@@ -44,37 +45,31 @@ def test_blocked_insert_is_released_by_a_sample_in_another_thread():
     limiter = RateLimiter(min_size_to_sample=1, samples_per_insert=1.0, error_buffer=1)
     assert limiter.acquire_insert(2, timeout=0)
     result = {}
-
-    def insert():
-        start = time.monotonic()
-        result["ok"] = limiter.acquire_insert(1, timeout=5)
-        result["waited"] = time.monotonic() - start
-
-    thread = threading.Thread(target=insert)
+    thread = threading.Thread(target=lambda: result.update(ok=limiter.acquire_insert(1, timeout=60)), daemon=True)
     thread.start()
-    time.sleep(0.2)
-    assert thread.is_alive(), "insert should block while the ratio is exceeded"
+    wait_until(lambda: limiter.waiting["inserts"] == 1, 30, "the insert to wait on the limiter")
+    assert not result and limiter.inserts == 2, "insert should block while the ratio is exceeded"
     assert limiter.acquire_sample(2, timeout=0)
-    thread.join(2)
-    assert result["ok"] and 0.15 < result["waited"] < 2
+    thread.join(30)
+    assert result == {"ok": True} and limiter.inserts == 3
 
 
 def test_timeouts_return_false_after_the_timeout():
     limiter = RateLimiter(min_size_to_sample=5)
     start = time.monotonic()
     assert not limiter.acquire_sample(1, timeout=0.2)
-    assert 0.19 <= time.monotonic() - start < 3.0
+    assert time.monotonic() - start >= 0.19
     assert limiter.samples == 0
 
 
 def test_close_releases_waiters():
     limiter = RateLimiter(min_size_to_sample=5)
     results = []
-    thread = threading.Thread(target=lambda: results.append(limiter.acquire_sample(1, timeout=10)))
+    thread = threading.Thread(target=lambda: results.append(limiter.acquire_sample(1)), daemon=True)  # no timeout
     thread.start()
-    time.sleep(0.1)
+    wait_until(lambda: limiter.waiting["samples"] == 1, 30, "the sample to wait on the limiter")
     limiter.close()
-    thread.join(2)
+    thread.join(30)
     assert results == [False] and not limiter.acquire_insert(1, timeout=0)
 
 
@@ -91,12 +86,13 @@ def test_asyncio_waiter_does_not_block_the_loop():
                 await asyncio.sleep(0.01)
 
         tick_task = asyncio.create_task(ticker())
-        sample = asyncio.create_task(limiter.acquire_sample_async(1, timeout=5))
-        await asyncio.sleep(0.2)
-        assert not sample.done() and ticks >= 5  # the loop kept running while waiting
+        sample = asyncio.create_task(limiter.acquire_sample_async(1, timeout=60))
+        # Both tasks have started (tasks run in creation order); the ticker keeps ticking while the sample waits.
+        await asyncio.wait_for(_until(lambda: ticks >= 5), 30)
+        assert not sample.done()
         # An insert from another thread wakes the asyncio waiter.
         threading.Thread(target=limiter.acquire_insert, args=(2,)).start()
-        assert await asyncio.wait_for(sample, 2)
+        assert await asyncio.wait_for(sample, 30)
         assert limiter.samples == 1
         tick_task.cancel()
 
@@ -110,12 +106,18 @@ def test_asyncio_timeout_and_close():
         start = asyncio.get_running_loop().time()
         assert not await limiter.acquire_sample_async(1, timeout=0.2)
         assert asyncio.get_running_loop().time() - start >= 0.19
-        waiter = asyncio.create_task(limiter.acquire_sample_async(1, timeout=10))
-        await asyncio.sleep(0.05)
+        waiter = asyncio.create_task(limiter.acquire_sample_async(1))  # no timeout: only close ends it
+        await asyncio.sleep(0)  # the waiter runs up to its wait
+        assert not waiter.done()
         limiter.close()
-        assert await asyncio.wait_for(waiter, 2) is False
+        assert await asyncio.wait_for(waiter, 30) is False
 
     asyncio.run(main())
+
+
+async def _until(predicate) -> None:
+    while not predicate():
+        await asyncio.sleep(0.01)
 
 
 def test_state_round_trip():

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import warnings
 from pathlib import Path
 
@@ -120,14 +119,14 @@ def test_sessions_are_capped_and_freed():
         assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "cap of 2" in str(refused.value)
         third.close()
         first.close()
-        wait_until(lambda: service.active == 1, 5, "the closed session's slot")
+        wait_until(lambda: service.active == 1, 30, "the closed session's slot")
         fourth = RemoteEnv(f"127.0.0.1:{port}")
         fourth.reset(seed=2)
         fourth.step(0)
         second.step(1)
         fourth.close(), second.close()
         fourth.close()  # closing twice is allowed
-        wait_until(lambda: service.active == 0, 5, "every slot back")
+        wait_until(lambda: service.active == 0, 30, "every slot back")
 
 
 CLIENT = """
@@ -152,7 +151,7 @@ def test_a_client_killed_mid_episode_frees_its_session_and_the_server_goes_on():
         assert service.active == 2
         client.send_signal(signal.SIGKILL)
         client.wait()
-        wait_until(lambda: service.active == 1, 10, "the killed client's session to be cleaned up")
+        wait_until(lambda: service.active == 1, 30, "the killed client's session to be cleaned up")
         for _ in range(5):
             survivor.step(survivor.action_space.sample())
         fresh = RemoteEnv(f"127.0.0.1:{port}")
@@ -235,16 +234,15 @@ def test_bad_requests_get_in_stream_errors_while_other_sessions_run():
             step = send(action(1)).step
             assert len(step.observation.tensor.data) == 16 and step.reward == 1.0
             assert send(pb.EnvRequest(close=pb.CloseRequest())).WhichOneof("kind") == "close"
+            before = steps[0]
+            wait_until(lambda: steps[0] > before, 30, "the other session to keep stepping")
         finally:
             send(None)
             channel.close()
-            before = steps[0]
-            time.sleep(0.3)
             stop_other.set()
-            runner.join()
-        assert steps[0] > before, "the other session stopped while this one misbehaved"
+            runner.join(30)
         other.close()
-        wait_until(lambda: service.active == 0, 5, "both sessions closed")
+        wait_until(lambda: service.active == 0, 30, "both sessions closed")
 
 
 def test_an_env_that_raises_is_an_internal_error_and_the_session_goes_on():
