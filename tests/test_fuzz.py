@@ -691,6 +691,8 @@ _learner: list[Learner] = []
 def learner() -> Learner:
     """A real learner (not serving: its servicer's calls are made directly), built once."""
     if not _learner:
+        # It never trains, so nothing is sampled: a rate limiter with a practically endless error
+        # buffer lets every fuzzed insert through instead of waiting for samples that never come.
         config = LearnerConfig(env="CartPole-v1", device="cpu", replay_capacity=512, min_replay_size=64,
                                batch_size=32, rate_error_buffer=1e12, max_message_bytes=CAP, eval_every=0,
                                dqn=DQNConfig(hidden_sizes=(8,)))

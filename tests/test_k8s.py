@@ -18,11 +18,12 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate as kv
+import kubernetes_validate.utils as kv_utils
 import pytest
+import yaml
 
 from actorlearner import config as cfg
-
-yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the manifests: pip install -e '.[test]'")
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -141,9 +142,6 @@ def test_renders(name):
 
 @functools.lru_cache(maxsize=None)
 def _validator():
-    kv = pytest.importorskip("kubernetes_validate", reason="pip install -e '.[test]' for kubernetes-validate")
-    import kubernetes_validate.utils as kv_utils
-
     # validate() rereads the 1.3 MB definitions file for every resource; read each file once.
     if not hasattr(kv_utils.schema_contents, "cache_info"):
         kv_utils.schema_contents = functools.lru_cache(maxsize=None)(kv_utils.schema_contents)

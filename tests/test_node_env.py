@@ -205,7 +205,7 @@ def test_training_run(port, stub):
                "--actors", "1", "--num-envs", "2", "--max-seconds", "40", "--target-return", "100",
                "--min-replay-size", "256", "--eval-every", "5", "--eval-episodes", "20", "--eval-envs", "2",
                "--replay-capacity", "20000", "--batch-size", "64", "--publish-every", "5",
-               "--dqn-hidden-sizes", "64,64", "--rate-error-buffer", "1000000", "--device", "cpu"]
+               "--dqn-hidden-sizes", "64,64", "--device", "cpu"]
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True, timeout=120)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert lines, f"run printed no result (exit {done.returncode}): {done.stdout[-2000:]!r}"

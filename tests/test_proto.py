@@ -5,10 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 from concurrent import futures
+from importlib.metadata import version
 from pathlib import Path
 
 import grpc
-import pytest
 
 from actorlearner import wire
 from actorlearner.v1 import learner_pb2 as pb
@@ -21,9 +21,6 @@ GENERATED = [f"{Path(p).stem}{suffix}" for p in PROTOS for suffix in ("_pb2.py",
 
 def test_generated_code_is_fresh(tmp_path: Path) -> None:
     """Regenerating from the .proto gives byte-identical files to the committed ones."""
-    pytest.importorskip("grpc_tools", reason="grpcio-tools (the dev extra) is needed")
-    from importlib.metadata import version
-
     cmd = [sys.executable, "-m", "grpc_tools.protoc", "-Iproto", f"--python_out={tmp_path}",
            f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", *PROTOS]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
