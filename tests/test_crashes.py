@@ -1,5 +1,6 @@
 """Crashes and partitions with real processes, signals and sockets: what survives, what is lost, what stays bounded."""
 
+import logging
 import os
 import queue
 import re
@@ -15,10 +16,14 @@ import numpy as np
 import pytest
 
 from actorlearner.actor.actor import Actor
+from actorlearner.actor.link import LearnerLink
 from actorlearner.config import ActorConfig, LearnerConfig
 from actorlearner.learner.checkpoint import CheckpointError, CheckpointStore, read_part
+from actorlearner.learner.learner import Learner
+from actorlearner.learner.server import serve
 from procs import FAST_LEARNER, free_port, rss_kib, start_actor, start_learner, status, stop, wait_until
 from raw_actor import RawActor, tagged_rows
+from streams import hello
 from tcp_proxy import UP, TcpProxy
 
 RAW_ACTOR = str(Path(__file__).with_name("raw_actor.py"))
@@ -288,3 +293,23 @@ def test_actor_in_a_network_namespace_survives_its_link_going_down(netns, tmp_pa
     batches = int(re.search(r"stopped after \d+ env steps, (\d+) batches", text).group(1))
     assert peak == window == 4  # the window filled while the link was down, and went no further
     assert final.inserted == batches and final.buffer_size == ACTOR_BATCH * batches  # nothing acked lost, nothing twice
+
+
+def test_backoff_starts_afresh_after_a_stream_that_worked_breaks(caplog):
+    """A long-lived actor whose healthy stream is cut must come back at once, not after ever longer waits."""
+    learner = Learner(LearnerConfig(env="CartPole-v1", eval_every=0))
+    with serve(learner, "127.0.0.1", 0) as port, caplog.at_level(logging.INFO, logger="actorlearner.actor.link"):
+        proxy = TcpProxy(port)
+        link = LearnerLink(f"127.0.0.1:{proxy.port}", hello("cut-often").hello, 16 << 20,
+                           reconnect_initial=0.1, reconnect_max=5.0).start()
+        try:
+            for cut in range(1, 5):
+                wait_until(lambda: link.connected and link.welcomes == cut, 60, f"stream {cut} welcomed")
+                proxy.cut()
+                wait_until(lambda: link.reconnects == cut, 60, f"reconnect {cut}")
+        finally:
+            link.close()
+            proxy.close()
+    delays = re.findall(r"reconnecting in (\d+\.\d+)s", caplog.text)
+    assert delays == ["0.10"] * 4, delays  # not 0.10, 0.20, 0.40, 0.80
+    learner.stop()

@@ -110,6 +110,7 @@ class LearnerLink:
         self.connected = False  # a stream is up and welcomed
         self.error: LinkError | None = None
         self.reconnects = 0
+        self.welcomes = 0  # Welcomes received, over all streams
         self.peak_unacked = 0  # the most batches the window ever held
         self._unacked: OrderedDict[int, tuple[bytes, int]] = OrderedDict()  # seq -> (message, policy version)
         self._lock = threading.Condition()
@@ -213,23 +214,25 @@ class LearnerLink:
         # otherwise a new channel can inherit gRPC's own (growing) reconnect backoff.
         options = grpc_options(self.max_message_bytes) + [("grpc.use_local_subchannel_pool", 1)]
         while not self._closing.is_set():
+            welcomes, broke = self.welcomes, None
             with open_channel(self.address, self.security, options) as channel:
                 try:
-                    if self._serve_stream(channel):
-                        delay = self.reconnect_initial  # the stream worked: start backoff afresh
+                    self._serve_stream(channel)
                 except grpc.RpcError as exc:
                     if exc.code() in FATAL_CODES:
                         self._fail(LinkError(f"learner at {self.address} refused this actor: "
                                              f"{exc.code().name}: {exc.details()}"))
                         return
-                    if not self._closing.is_set():
-                        logger.info("stream to %s broke (%s); reconnecting in %.2fs",
-                                    self.address, exc.code().name, delay)
+                    broke = exc.code().name
                 except LinkError as exc:
                     self._fail(exc)
                     return
                 except wire.WireError as exc:
                     logger.warning("bad policy update from learner: %s; reconnecting", exc)
+            if self.welcomes > welcomes:  # the stream worked, however it ended: start backoff afresh
+                delay = self.reconnect_initial
+            if broke and not self._closing.is_set():
+                logger.info("stream to %s broke (%s); reconnecting in %.2fs", self.address, broke, delay)
             with self._lock:
                 self._end_requests()
             if self._closing.wait(delay * random.uniform(0.5, 1.5)):
@@ -237,8 +240,8 @@ class LearnerLink:
             delay = min(delay * 2, self.reconnect_max)
             self.reconnects += 1
 
-    def _serve_stream(self, channel: grpc.Channel) -> bool:
-        """One stream: Hello, resend the window, then read until it ends; True if it was welcomed."""
+    def _serve_stream(self, channel: grpc.Channel) -> None:
+        """One stream: Hello, resend the window, then read until it ends."""
         requests: queue.Queue = queue.Queue()
         hello = pb.Hello()
         hello.CopyFrom(self.hello)
@@ -255,17 +258,16 @@ class LearnerLink:
                                         response_deserializer=pb.LearnerMessage.FromString)
         self._call = connect(_drain(requests))
         try:
-            return self._read(self._call, assembler, hello.policy_version)
+            self._read(self._call, assembler, hello.policy_version)
         finally:
             self.connected = False
             self._call.cancel()
 
-    def _read(self, call, assembler: wire.ChunkAssembler, hello_version: int) -> bool:
-        """Handle the learner's messages until the stream ends; True if it was welcomed.
+    def _read(self, call, assembler: wire.ChunkAssembler, hello_version: int) -> None:
+        """Handle the learner's messages until the stream ends.
 
         Raises LinkError for settings or weights this actor cannot apply.
         """
-        welcomed = False
         for message in call:
             kind = message.WhichOneof("kind")
             if kind == "ack":
@@ -280,14 +282,14 @@ class LearnerLink:
                     self._receive_policy(update.version, payload)
             elif kind == "welcome":
                 self._start_session(message.welcome)
-                welcomed = self.connected = True
+                self.connected = True
+                self.welcomes += 1
                 self.welcomed.set()
                 if self._weights_withheld(message.welcome, hello_version):
                     break
             elif kind == "shutdown":
                 logger.info("learner is shutting down: %s", message.shutdown.reason)
                 break
-        return welcomed
 
     def _start_session(self, welcome: pb.Welcome) -> None:
         """Make ``welcome`` the session in force: its window applies at once, its network
