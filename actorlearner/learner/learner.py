@@ -42,7 +42,8 @@ class ActorRecord:
     streams: int = 0  # open streams: a reconnect may open the new one before the old one closes
     last_seen: float = field(default_factory=time.time)
     duplicates: int = 0  # batches acked as duplicates, over all streams
-    batches: telemetry.RateMeter = field(default_factory=telemetry.RateMeter)
+    transitions: int = 0  # stored from this actor
+    batches: telemetry.RateMeter = field(default_factory=telemetry.RateMeter)  # stored batches; .total counts them
 
     @property
     def connected(self) -> bool:
@@ -243,6 +244,7 @@ class Learner:
                     self.replay.add(arrays, priorities, policy_version=batch.policy_version)
                     self._seq_table[record.actor_id] = batch.seq
                     self.inserted_batches += 1
+                    record.transitions += n
                     inserted = True
         finally:
             if not inserted:
@@ -388,7 +390,7 @@ class Learner:
             records = list(self._actors.values())
         actors = [pb.ActorStatus(actor_id=r.actor_id, policy_version=r.policy_version, lag=self.version - r.policy_version,
                                  batches_per_second=r.batches.rate(), last_seen_unix=r.last_seen, connected=r.connected,
-                                 duplicates=r.duplicates)
+                                 duplicates=r.duplicates, inserted=int(r.batches.total), transitions=r.transitions)
                   for r in records]
         return pb.StatusResponse(
             policy_version=self.version, updates=self.updates, buffer_size=len(self.replay),

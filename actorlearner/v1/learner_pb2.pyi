@@ -221,7 +221,7 @@ class StatusResponse(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., updates: _Optional[int] = ..., buffer_size: _Optional[int] = ..., inserted: _Optional[int] = ..., insert_rate: _Optional[float] = ..., sample_rate: _Optional[float] = ..., actors: _Optional[_Iterable[_Union[ActorStatus, _Mapping]]] = ..., env_steps: _Optional[int] = ..., evaluations: _Optional[int] = ..., eval_mean_return: _Optional[float] = ..., eval_best_return: _Optional[float] = ..., learner_id: _Optional[str] = ...) -> None: ...
 
 class ActorStatus(_message.Message):
-    __slots__ = ("actor_id", "policy_version", "lag", "batches_per_second", "last_seen_unix", "connected", "duplicates")
+    __slots__ = ("actor_id", "policy_version", "lag", "batches_per_second", "last_seen_unix", "connected", "duplicates", "inserted", "transitions")
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     LAG_FIELD_NUMBER: _ClassVar[int]
@@ -229,6 +229,8 @@ class ActorStatus(_message.Message):
     LAST_SEEN_UNIX_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
     DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    INSERTED_FIELD_NUMBER: _ClassVar[int]
+    TRANSITIONS_FIELD_NUMBER: _ClassVar[int]
     actor_id: str
     policy_version: int
     lag: int
@@ -236,4 +238,6 @@ class ActorStatus(_message.Message):
     last_seen_unix: float
     connected: bool
     duplicates: int
-    def __init__(self, actor_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., lag: _Optional[int] = ..., batches_per_second: _Optional[float] = ..., last_seen_unix: _Optional[float] = ..., connected: _Optional[bool] = ..., duplicates: _Optional[int] = ...) -> None: ...
+    inserted: int
+    transitions: int
+    def __init__(self, actor_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., lag: _Optional[int] = ..., batches_per_second: _Optional[float] = ..., last_seen_unix: _Optional[float] = ..., connected: _Optional[bool] = ..., duplicates: _Optional[int] = ..., inserted: _Optional[int] = ..., transitions: _Optional[int] = ...) -> None: ...
