@@ -5,6 +5,7 @@ import json
 import logging
 import pickle
 import random
+import threading
 import time
 import tracemalloc
 
@@ -482,3 +483,158 @@ def test_evaluating_leaves_the_trainers_generator_alone(tmp_path):
     before = torch.get_rng_state()
     learner.evaluate()
     assert torch.equal(torch.get_rng_state(), before)
+
+
+# --------------------------------------------------------------------------- chunked tensors; checkpoints during ingest
+
+
+class Chunks:
+    """A chunked tensor over ``tensor``, ``rows`` rows per chunk; it may claim another dtype or shape."""
+
+    def __init__(self, tensor: torch.Tensor, rows: int, dtype: torch.dtype | None = None,
+                 shape: tuple[int, ...] | None = None):
+        self.tensor, self.rows = tensor, rows
+        self.dtype, self.shape = dtype or tensor.dtype, shape or tuple(tensor.shape)
+
+    def chunks(self):
+        for start in range(0, self.tensor.shape[0], self.rows):
+            yield self.tensor[start:start + self.rows]
+
+
+def test_chunked_tensors_are_written_as_they_come_into_the_same_bytes(tmp_path):
+    obs = torch.arange(70 * 3, dtype=torch.float32).reshape(70, 3)
+    empty = torch.zeros(0, 2, dtype=torch.uint8)
+    size, sha256 = write_part(tmp_path / "chunked.part", {"obs": Chunks(obs, 16), "empty": Chunks(empty, 4), "n": 3})
+    assert (size, sha256) == write_part(tmp_path / "plain.part", {"obs": obs, "empty": empty, "n": 3})
+    loaded, _ = read_part(tmp_path / "chunked.part")
+    assert torch.equal(loaded["obs"], obs) and loaded["empty"].shape == (0, 2) and loaded["n"] == 3
+
+
+@pytest.mark.parametrize("bad,message", [
+    (Chunks(torch.zeros(10, 2), 3, shape=(12, 2)), "chunks hold 10 rows"),
+    (Chunks(torch.zeros(10, 2), 3, shape=(10, 3)), "does not fit"),
+    (Chunks(torch.zeros(10, 2), 3, dtype=torch.float64), "does not fit"),
+])
+def test_chunks_that_do_not_make_their_shape_leave_no_checkpoint(tmp_path, bad, message):
+    store = CheckpointStore(tmp_path)
+    store.save(1, sample_parts(1))
+    with pytest.raises(ValueError, match=message):
+        store.save(2, {"replay": {"obs": bad}})
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt-000000000001"]
+
+
+def tagged_batch(actor: int, seq: int, n: int = 32) -> pb.TrajectoryBatch:
+    """A CartPole-shaped batch whose rows say where they come from: obs = (actor, seq, row, 0)."""
+    obs = np.stack([np.full(n, actor), np.full(n, seq), np.arange(n), np.zeros(n)], 1).astype(np.float32)
+    fields = {"obs": obs, "action": np.full(n, seq % 2), "reward": np.full(n, seq, np.float32),
+              "discount": np.full(n, 0.97, np.float32), "next_obs": obs + 0.5}
+    return pb.ActorMessage.FromString(wire.encode_batch_message(
+        seq, 0, n, wire.encode_batch(fields), wire.Codec.MSGPACK, priorities=[seq % 7 + 1.0] * n)).batch
+
+
+class Ingester(threading.Thread):
+    """Keeps ingesting actor "b"'s tagged batches (seq 1, 2, ...) until stopped."""
+
+    def __init__(self, learner: Learner):
+        super().__init__(daemon=True)
+        self.learner, self.stored, self.error = learner, 0, None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        stream = self.learner.connect(pb.Hello(actor_id="b", policy_version=-1))
+        try:
+            while not self.stop.is_set():
+                assert self.learner.ingest(stream, tagged_batch(1, self.stored + 1))
+                self.stored += 1
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            self.error = e
+
+
+def pause_each_chunk_read(monkeypatch, learner: Learner, ingester: Ingester, batches: int) -> list[str]:
+    """Fault injection: every chunk the checkpoint reads from its replay snapshot first waits until
+    ``ingester`` stored ``batches`` more. Returns, per read, the checkpoint directory's entries then
+    as (is a temp dir, has a manifest)."""
+    seen: list[list[tuple[bool, bool]]] = []
+    take_snapshot = learner.replay.snapshot
+
+    def snapshot(*args, **kwargs):
+        taken = take_snapshot(*args, **kwargs)
+        read = taken.read
+
+        def read_after_inserts(*read_args):
+            target = ingester.stored + batches
+            assert wait_for(lambda: ingester.stored >= target or ingester.error is not None, 60), "ingest is stuck"
+            seen.append([(p.name.startswith(".tmp-"), (p / "manifest.json").exists())
+                         for p in learner.checkpoints.directory.iterdir()])
+            return read(*read_args)
+
+        taken.read = read_after_inserts
+        return taken
+
+    monkeypatch.setattr(learner.replay, "snapshot", snapshot)
+    return seen
+
+
+def test_ingest_goes_on_while_a_checkpoint_is_being_written(tmp_path, monkeypatch):
+    """Ordering, not timing: each chunk read waits for 3 inserts, which must get through meanwhile."""
+    learner = Learner(learner_config(tmp_path))
+    for seq in range(1, 9):
+        assert ingest(learner, "a", seq)
+    ingester = Ingester(learner)
+    seen = pause_each_chunk_read(monkeypatch, learner, ingester, batches=3)
+    ingester.start()
+    try:
+        assert wait_for(lambda: ingester.stored >= 3 or ingester.error is not None, 60)
+        learner.checkpoint()
+    finally:
+        ingester.stop.set()
+        ingester.join()
+    assert ingester.error is None
+    # 7 columns, one chunk each, every read made while the checkpoint sat unfinished in its temp dir.
+    assert seen == [[(True, False)]] * 7
+    acked = saved_seq_table(tmp_path)
+    assert acked["a"] == 8 and acked["b"] >= 3 and ingester.stored >= acked["b"] + 7 * 3
+
+
+def test_a_checkpoint_taken_during_ingest_holds_exactly_the_batches_its_seq_table_has(tmp_path, monkeypatch):
+    """Inserts wrap over the whole buffer while it is written; the file still matches its seq table."""
+    capacity, n = 2048, 32
+    config = learner_config(tmp_path, replay_capacity=capacity)
+    learner = Learner(config)
+    filler = learner.connect(pb.Hello(actor_id="a", policy_version=-1))
+    for seq in range(1, capacity // n + 1):
+        assert learner.ingest(filler, tagged_batch(0, seq))
+    ingester = Ingester(learner)
+    pause_each_chunk_read(monkeypatch, learner, ingester, batches=10)  # 7 x 10 x 32 items: past one capacity
+    ingester.start()
+    try:
+        assert wait_for(lambda: ingester.stored >= 3 or ingester.error is not None, 60)
+        learner.checkpoint()
+    finally:
+        ingester.stop.set()
+        ingester.join()
+    assert ingester.error is None
+
+    _, parts = CheckpointStore(tmp_path).load_latest()
+    acked, replay = parts["learner"]["seq_table"], parts["replay"]
+    b = acked["b"]
+    assert acked["a"] == capacity // n and b >= 3 and ingester.stored >= b + 70
+    sent = [(0, seq, row) for seq in range(1, acked["a"] + 1) for row in range(n)]
+    sent += [(1, seq, row) for seq in range(1, b + 1) for row in range(n)]
+    assert replay["inserted"] == len(sent)
+    order = torch.argsort(replay["keys"])
+    assert torch.equal(replay["keys"][order], torch.arange(len(sent) - capacity, len(sent)))
+    obs = replay["field.obs"][order]
+    assert obs[:, :3].tolist() == [list(map(float, item)) for item in sent[-capacity:]]
+    assert torch.equal(replay["field.next_obs"][order], obs + 0.5)
+    assert torch.equal(replay["field.reward"][order], obs[:, 1])
+    assert torch.equal(replay["field.action"][order], obs[:, 1].long() % 2)
+    want_priorities = (obs[:, 1].double() % 7 + 1 + learner.replay.eps) ** config.alpha
+    torch.testing.assert_close(replay["priorities"][order], want_priorities, rtol=1e-12, atol=0)
+
+    # Exactly once across a restore: what the table acked is a duplicate, the next seq is new.
+    resumed = Learner(config)
+    stream = resumed.connect(pb.Hello(actor_id="b", policy_version=-1))
+    assert len(resumed.replay) == capacity
+    assert not resumed.ingest(stream, tagged_batch(1, b))
+    assert resumed.ingest(stream, tagged_batch(1, b + 1))

@@ -17,7 +17,8 @@ The header is ``{"values": {name: plain}, "tensors": [{"name", "dtype", "shape"}
 where plain values are None, bool, int, float, str and lists / str-keyed maps of them,
 and each tensor's ``dtype``/``shape`` and raw little-endian bytes are exactly the array
 encoding of ``wire`` (``encode_array``/``decode_array``), stored out of line so tensors
-stream to and from disk without a second in-memory copy.
+stream to and from disk without a second in-memory copy. A tensor may also be given as a
+:class:`ChunkedTensor` (e.g. a replay snapshot's column): its chunks are written as they come.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ import struct
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import msgpack
 import numpy as np
@@ -64,7 +65,22 @@ _PART_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _READ_CHUNK = 1 << 20
 
 PartState = Mapping[str, Any]
-"""A part: name -> tensor or plain value (None, bool, int, float, str, lists, str-keyed maps)."""
+"""A part: name -> tensor, chunked tensor or plain value (None, bool, int, float, str, lists, str-keyed maps)."""
+
+
+@runtime_checkable
+class ChunkedTensor(Protocol):
+    """A tensor of ``dtype`` and ``shape`` (at least 1-d) produced piecewise, e.g. because it is
+    too big, or too much in use, to copy whole: ``chunks()`` yields consecutive slices along
+    dim 0 that together make ``shape``."""
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    def chunks(self) -> Iterator[Tensor]: ...
 
 
 class CheckpointError(Exception):
@@ -97,7 +113,7 @@ def _checked_plain(value: Any, where: str) -> Any:
         raise CheckpointError(str(e)) from None
 
 
-def _wire_dtype(tensor: Tensor, where: str) -> str:
+def _wire_dtype(tensor: Tensor | ChunkedTensor, where: str) -> str:
     """The wire dtype name of ``tensor`` (torch.float32 -> "float32"), if it is allowed."""
     name = str(tensor.dtype).removeprefix("torch.")
     if name not in wire.DTYPES:
@@ -105,19 +121,35 @@ def _wire_dtype(tensor: Tensor, where: str) -> str:
     return name
 
 
+def _pieces(key: str, tensor: Tensor | ChunkedTensor) -> Iterator[Tensor]:
+    """The tensor itself, or a chunked tensor's chunks checked to add up to its dtype and shape."""
+    if isinstance(tensor, Tensor):
+        yield tensor
+        return
+    shape, rows = tuple(tensor.shape), 0
+    for chunk in tensor.chunks():
+        if chunk.dtype != tensor.dtype or tuple(chunk.shape[1:]) != shape[1:]:
+            raise ValueError(f"{key}: a chunk of {chunk.dtype} {tuple(chunk.shape)} does not fit {tensor.dtype} {shape}")
+        rows += chunk.shape[0]
+        yield chunk
+    if rows != shape[0]:
+        raise ValueError(f"{key}: chunks hold {rows} rows, the shape says {shape[0]}")
+
+
 def write_part(path: str | os.PathLike[str], state: PartState) -> tuple[int, str]:
     """Write ``state`` to a new file at ``path`` and fsync it; returns (bytes, sha256 hex).
 
     Tensors are written one at a time straight from their memory (CUDA tensors are
-    copied to the host one at a time), so nothing large is held twice.
+    copied to the host one at a time; chunked tensors one chunk at a time), so nothing
+    large is held twice.
     """
     values: dict[str, Any] = {}
-    tensors: list[tuple[str, Tensor]] = []
+    tensors: list[tuple[str, Tensor | ChunkedTensor]] = []
     entries: list[dict[str, Any]] = []
     for key, value in state.items():
         if not isinstance(key, str):
             raise TypeError(f"part keys must be strings, got {key!r}")
-        if isinstance(value, Tensor):
+        if isinstance(value, (Tensor, ChunkedTensor)):
             entries.append({"name": key, "dtype": _wire_dtype(value, key), "shape": list(value.shape)})
             tensors.append((key, value))
         else:
@@ -132,10 +164,11 @@ def write_part(path: str | os.PathLike[str], state: PartState) -> tuple[int, str
             f.write(chunk)
             digest.update(chunk)
         for key, tensor in tensors:
-            data = wire.encode_array(tensor.detach().cpu().contiguous().numpy())["data"]
-            f.write(data)
-            digest.update(data)
-            del data
+            for piece in _pieces(key, tensor):
+                data = wire.encode_array(piece.detach().cpu().contiguous().numpy())["data"]
+                f.write(data)
+                digest.update(data)
+                del data
         f.flush()
         os.fsync(f.fileno())
         size = f.tell()

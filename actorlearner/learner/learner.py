@@ -352,17 +352,22 @@ class Learner:
         """Write model, optimizer, buffer (if configured), version, seq table and RNGs atomically.
 
         Call it from the trainer thread (or once it has stopped): the algorithm must not change meanwhile.
+        Ingest goes on: the replay lock is held to snapshot the seq table, limiter, counters and
+        replay as of one instant, then only for a moment per chunk of replay rows written.
         """
         with self.replay_lock:
-            parts = {
-                "algorithm": self.algorithm.state_dict(),
-                "learner": {"version": self.version, "updates": self.updates, "env_steps": self.env_steps,
-                            "seq_table": dict(self._seq_table), **self.limiter.state_dict()},
-                "rng": rng_state(self.device),
-            }
-            if self.config.checkpoint_replay:
-                parts["replay"] = self.replay.state_dict()
-            self.checkpoints.save(self.updates, parts)
+            step = self.updates
+            learner_state = {"version": self.version, "updates": self.updates, "env_steps": self.env_steps,
+                             "seq_table": dict(self._seq_table), **self.limiter.state_dict()}
+            replay = self.replay.snapshot(self.replay_lock) if self.config.checkpoint_replay else None
+        try:
+            parts = {"algorithm": self.algorithm.state_dict(), "learner": learner_state, "rng": rng_state(self.device)}
+            if replay is not None:
+                parts["replay"] = replay.state()
+            self.checkpoints.save(step, parts)
+        finally:
+            if replay is not None:
+                replay.close()
 
     def _restore(self) -> None:
         if not self.checkpoints:

@@ -1,7 +1,12 @@
 """Prioritized replay: a wide sum tree, the buffer built on it, and a rate limiter."""
 
-from actorlearner.replay.buffer import PrioritizedReplay, Sample
+from actorlearner.replay.buffer import (
+    PrioritizedReplay,
+    ReplaySnapshot,
+    Sample,
+    SnapshotColumn,
+)
 from actorlearner.replay.limiter import RateLimiter
 from actorlearner.replay.sumtree import SumTree
 
-__all__ = ["PrioritizedReplay", "RateLimiter", "Sample", "SumTree"]
+__all__ = ["PrioritizedReplay", "RateLimiter", "ReplaySnapshot", "Sample", "SnapshotColumn", "SumTree"]
