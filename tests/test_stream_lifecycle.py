@@ -158,6 +158,13 @@ def test_train_step_hands_back_samples_it_could_not_draw():
     assert attempts[:2] == [True, True] and not any(attempts[2:])  # version 0 items fall out of the lag bound
     assert learner.limiter.samples == learner.updates * 32
 
+    def sample(batch_size, min_policy_version=None):
+        raise ValueError("a bug in sampling (injected)")
+
+    learner.replay.sample = sample  # any other error is a bug: it must surface, not read as "wait"
+    with pytest.raises(ValueError, match="injected"):
+        learner.train_step()
+
 
 def test_sigterm_with_a_batch_waiting_sends_shutdown_and_ends_ok(tmp_path):
     """A draining learner drops a batch it has not stored (the actor resends it) and says Shutdown, not an error."""

@@ -22,7 +22,7 @@ from actorlearner.learner.broadcast import PolicyBroadcast
 from actorlearner.learner.checkpoint import CheckpointStore, load_rng_state, rng_state
 from actorlearner.learner.evaluator import EvalResult, evaluate
 from actorlearner.metrics import Metric
-from actorlearner.replay import PrioritizedReplay, RateLimiter
+from actorlearner.replay import NothingRecentEnough, PrioritizedReplay, RateLimiter
 from actorlearner.v1 import learner_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -312,7 +312,7 @@ class Learner:
         with self.replay_lock:
             try:
                 sample = self.replay.sample(c.batch_size, min_policy_version=min_version)
-            except ValueError:  # nothing recent enough yet
+            except NothingRecentEnough:  # every item is past max_policy_lag: wait for fresh ones
                 self.limiter.refund_sample(c.batch_size)
                 return False
         priorities, metrics = self.algorithm.update(sample)
@@ -357,8 +357,11 @@ class Learner:
         """
         with self.replay_lock:
             step = self.updates
+            # The limiter's inserts are the replay's plus those of batches admitted but not stored yet
+            # (and dropped if the learner stops first): the replay's own count is this instant's.
             learner_state = {"version": self.version, "updates": self.updates, "env_steps": self.env_steps,
-                             "seq_table": dict(self._seq_table), **self.limiter.state_dict()}
+                             "seq_table": dict(self._seq_table), "inserts": self.replay.inserted,
+                             "samples": self.limiter.samples}
             replay = self.replay.snapshot(self.replay_lock) if self.config.checkpoint_replay else None
         try:
             parts = {"algorithm": self.algorithm.state_dict(), "learner": learner_state, "rng": rng_state(self.device)}

@@ -22,6 +22,10 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
 _KEY, _VERSION = "__key__", "__version__"
 
 
+class NothingRecentEnough(ValueError):
+    """Every stored item is older than ``min_policy_version``: nothing can be sampled yet."""
+
+
 @dataclass(frozen=True)
 class Sample:
     """One sampled batch.
@@ -310,7 +314,7 @@ class PrioritizedReplay:
         if self._min_version is not None:
             eligible = eligible[self._versions[:n] >= self._min_version]
         if eligible.numel() == 0:
-            raise ValueError(f"no stored item has policy_version >= {self._min_version}")
+            raise NothingRecentEnough(f"no stored item has policy_version >= {self._min_version}")
         pick = torch.randint(eligible.numel(), (batch_size,), device=self.device)
         return eligible.index_select(0, pick)
 
