@@ -6,7 +6,9 @@ steady-state window. Two modes: training (the rate limiter holds actors to
 ``samples_per_insert``, as in a real run) and streaming only (training never starts, so
 the actors run as fast as streaming lets them). Baseline, same run: one process stepping
 the same vector env with the same policy network (epsilon-greedy acting, no learning, no
-streaming).
+streaming). Ours uses K + 1 processes and the baseline one, so each rate is also given per
+process (ours / (K + 1), the baseline / 1) with the ratio of those next to the totals'.
+Ratios are ours / baseline: above 1 means ours steps faster.
 
     python benchmarks/bench_e2e.py --actors 1,2 --json
 """
@@ -95,13 +97,22 @@ def main() -> None:
             stream_runs.append(ours(args.env, actors, args.num_envs, args.warmup, args.seconds, train=False))
             base_runs.append(baseline(args.env, args.num_envs, args.seconds))
         t, st, b = (statistics.median(r) for r in (train_runs, stream_runs, base_runs))
-        rows.append({"actors": actors, "training_steps_s": round(t), "streaming_steps_s": round(st),
-                     "baseline_steps_s": round(b), "training_ratio": round(t / b, 3), "streaming_ratio": round(st / b, 3)})
-    print("| actors | training: env steps/s | streaming only: env steps/s | one-process loop | ratios (training, streaming) |")
-    print("|---:|---:|---:|---:|---:|")
+        processes = actors + 1  # the learner and its actors
+        rows.append({"actors": actors, "processes": processes,
+                     "training_steps_s": round(t), "streaming_steps_s": round(st), "baseline_steps_s": round(b),
+                     "training_steps_s_per_process": round(t / processes),
+                     "streaming_steps_s_per_process": round(st / processes),
+                     "training_ratio": round(t / b, 3), "streaming_ratio": round(st / b, 3),
+                     "training_ratio_per_process": round(t / processes / b, 3),
+                     "streaming_ratio_per_process": round(st / processes / b, 3)})
+    print("| actors | processes | training: env steps/s (per process) | streaming only: env steps/s (per process) "
+          "| one-process loop | ratio training: total, per process | ratio streaming only: total, per process |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['actors']} | {r['training_steps_s']:,} | {r['streaming_steps_s']:,} | {r['baseline_steps_s']:,} "
-              f"| {r['training_ratio']:.2f}x, {r['streaming_ratio']:.2f}x |")
+        print(f"| {r['actors']} | {r['processes']} | {r['training_steps_s']:,} ({r['training_steps_s_per_process']:,}) "
+              f"| {r['streaming_steps_s']:,} ({r['streaming_steps_s_per_process']:,}) | {r['baseline_steps_s']:,} "
+              f"| {r['training_ratio']:.2f}x, {r['training_ratio_per_process']:.2f}x "
+              f"| {r['streaming_ratio']:.2f}x, {r['streaming_ratio_per_process']:.2f}x |")
     if args.json:
         print(json.dumps({"env": args.env, "num_envs": args.num_envs, "rows": rows}))
 

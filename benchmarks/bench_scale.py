@@ -3,7 +3,9 @@
 Lightweight clients: each stream is a thread (a few client processes hold them all) that
 sends the same pre-encoded CartPole batch with rising seqs, at most ``--window`` unacked,
 exactly as the actor's link does. The learner runs in this process (real gRPC server,
-decode, validate, insert; no training). Writes a PNG of throughput against streams.
+decode, validate, insert; no training). Each count's rate is also given as a ratio to the
+rate with 1 stream and with 8 streams (above 1: more throughput). Writes a PNG of
+throughput against streams.
 
     python benchmarks/bench_scale.py --streams 1,8,64,256 --json --plot benchmarks/scale.png
 """
@@ -125,7 +127,7 @@ def plot(rows: list[dict], path: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", default="1,8,64,256", help="comma-separated stream counts")
-    parser.add_argument("--transitions", type=int, default=256, help="transitions per batch (256 = ~10 KB)")
+    parser.add_argument("--transitions", type=int, default=256, help="transitions per batch (256: a 12.5 KB message)")
     parser.add_argument("--window", type=int, default=8, help="unacked batches per stream")
     parser.add_argument("--client-processes", type=int, default=4, help="processes the streams are spread over")
     parser.add_argument("--runs", type=int, default=3, help="runs per count; the median is reported")
@@ -140,13 +142,16 @@ def main() -> None:
     for streams in [int(s) for s in args.streams.split(",")]:
         rate = statistics.median(aggregate_rate(streams, args, payload, args.transitions) for _ in range(args.runs))
         rows.append({"streams": streams, "transitions_s": round(rate), "mb_s": round(rate * len(payload) / args.transitions / 1e6, 1)})
-    reference = next((r for r in rows if r["streams"] == 8), rows[0])
+    references = {"vs_1_stream": 1, "vs_8_streams": 8}  # ratio to that count's rate, if it was measured
+    for key, count in references.items():
+        reference = next((r["transitions_s"] for r in rows if r["streams"] == count), None)
+        for r in rows:
+            r[key] = round(r["transitions_s"] / reference, 3) if reference else None
+    print("| streams | transitions/s | MB/s | vs 1 stream | vs 8 streams |")
+    print("|---:|---:|---:|---:|---:|")
     for r in rows:
-        r["vs_8_streams"] = round(r["transitions_s"] / reference["transitions_s"], 3)
-    print(f"| streams | transitions/s | MB/s | vs {reference['streams']} streams |")
-    print("|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['streams']} | {r['transitions_s']:,} | {r['mb_s']} | {r['vs_8_streams']:.2f}x |")
+        ratios = " | ".join("-" if r[key] is None else f"{r[key]:.2f}x" for key in references)
+        print(f"| {r['streams']} | {r['transitions_s']:,} | {r['mb_s']} | {ratios} |")
     if args.plot:
         plot(rows, args.plot)
     if args.json:
