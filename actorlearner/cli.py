@@ -230,7 +230,8 @@ def status_command(address: str, as_json: bool, timeout: float, security: Securi
             print(f"learner at {address} did not answer: {exc.code().name}: {exc.details()}", file=sys.stderr)
             return 1
     actors = [{"id": a.actor_id, "policy_version": a.policy_version, "lag": a.lag, "connected": a.connected,
-               "batches_per_second": round(a.batches_per_second, 2), "last_seen_unix": a.last_seen_unix}
+               "batches_per_second": round(a.batches_per_second, 2), "inserted": a.inserted,
+               "duplicates": a.duplicates, "last_seen_unix": a.last_seen_unix}
               for a in status.actors]
     summary = {"learner_id": status.learner_id, "policy_version": status.policy_version, "updates": status.updates,
                "buffer_size": status.buffer_size, "inserted": status.inserted, "env_steps": status.env_steps,
@@ -242,9 +243,10 @@ def status_command(address: str, as_json: bool, timeout: float, security: Securi
     for key, value in summary.items():
         if key != "actors":
             print(f"{key:18s} {value}")
-    print(f"{'actor':24s} {'version':>8s} {'lag':>5s} {'batches/s':>10s} connected")
+    print(f"{'actor':24s} {'version':>8s} {'lag':>5s} {'batches/s':>10s} {'stored':>8s} {'dupes':>6s} connected")
     for a in actors:
-        print(f"{a['id']:24s} {a['policy_version']:8d} {a['lag']:5d} {a['batches_per_second']:10.2f} {a['connected']}")
+        print(f"{a['id']:24s} {a['policy_version']:8d} {a['lag']:5d} {a['batches_per_second']:10.2f} "
+              f"{a['inserted']:8d} {a['duplicates']:6d} {a['connected']}")
     return 0
 
 

@@ -26,10 +26,11 @@ def hello(actor_id: str, policy_version: int = -1) -> pb.ActorMessage:
                                           env_spec=CARTPOLE_SPEC, policy_version=policy_version))
 
 
-def batch(seq: int, n: int = 16, policy_version: int = 0) -> pb.ActorMessage:
-    """A well-formed batch of ``n`` CartPole transitions whose obs[:, 0] is ``seq``."""
+def batch(seq: int, n: int = 16, policy_version: int = 0, tag: float = 0.0) -> pb.ActorMessage:
+    """A well-formed batch of ``n`` CartPole transitions that say who sent them: obs = (seq, row, tag, 0)
+    (no real CartPole state has pole angle ``tag`` when it is large)."""
     obs = np.zeros((n, 4), np.float32)
-    obs[:, 0], obs[:, 1] = seq, np.arange(n)
+    obs[:, 0], obs[:, 1], obs[:, 2] = seq, np.arange(n), tag
     fields = {"obs": obs, "action": np.zeros(n, np.int64), "reward": np.ones(n, np.float32),
               "discount": np.full(n, 0.99, np.float32), "next_obs": obs.copy()}
     return pb.ActorMessage.FromString(wire.encode_batch_message(seq, policy_version, n, wire.encode_batch(fields),
@@ -53,10 +54,13 @@ class RawStream:
         self._call = connect(iter(self._requests.get, None))
         threading.Thread(target=self._read, daemon=True).start()
 
-    def send(self, message: pb.ActorMessage) -> None:
-        self._requests.put(message.SerializeToString())
+    def send(self, message: pb.ActorMessage) -> int:
+        """Queue ``message``; returns its size on the wire in bytes."""
+        data = message.SerializeToString()
+        self._requests.put(data)
+        return len(data)
 
-    def next(self, kind: str | None = None, timeout: float = 30) -> pb.LearnerMessage:
+    def next(self, kind: str | None = None, timeout: float | None = 30) -> pb.LearnerMessage:
         """The next message (of ``kind``, skipping others); AssertionError if the stream ends first."""
         while True:
             try:

@@ -577,13 +577,11 @@ def pause_each_chunk_read(monkeypatch, learner: Learner, ingester: Ingester, bat
     return seen
 
 
-def test_ingest_goes_on_while_a_checkpoint_is_being_written(tmp_path, monkeypatch):
-    """Ordering, not timing: each chunk read waits for 3 inserts, which must get through meanwhile."""
-    learner = Learner(learner_config(tmp_path))
-    for seq in range(1, 9):
-        assert ingest(learner, "a", seq)
+def checkpoint_while_ingesting(monkeypatch, learner: Learner, batches_per_read: int):
+    """Checkpoint while actor "b" keeps ingesting, each chunk read waiting for ``batches_per_read`` more
+    inserts. Returns :func:`pause_each_chunk_read`'s record and how many batches "b" stored in all."""
     ingester = Ingester(learner)
-    seen = pause_each_chunk_read(monkeypatch, learner, ingester, batches=3)
+    seen = pause_each_chunk_read(monkeypatch, learner, ingester, batches=batches_per_read)
     ingester.start()
     try:
         assert wait_for(lambda: ingester.stored >= 3 or ingester.error is not None, 60)
@@ -592,10 +590,19 @@ def test_ingest_goes_on_while_a_checkpoint_is_being_written(tmp_path, monkeypatc
         ingester.stop.set()
         ingester.join()
     assert ingester.error is None
+    return seen, ingester.stored
+
+
+def test_ingest_goes_on_while_a_checkpoint_is_being_written(tmp_path, monkeypatch):
+    """Ordering, not timing: each chunk read waits for 3 inserts, which must get through meanwhile."""
+    learner = Learner(learner_config(tmp_path))
+    for seq in range(1, 9):
+        assert ingest(learner, "a", seq)
+    seen, stored = checkpoint_while_ingesting(monkeypatch, learner, batches_per_read=3)
     # 7 columns, one chunk each, every read made while the checkpoint sat unfinished in its temp dir.
     assert seen == [[(True, False)]] * 7
     acked = saved_seq_table(tmp_path)
-    assert acked["a"] == 8 and acked["b"] >= 3 and ingester.stored >= acked["b"] + 7 * 3
+    assert acked["a"] == 8 and acked["b"] >= 3 and stored >= acked["b"] + 7 * 3
 
 
 def test_a_checkpoint_taken_during_ingest_holds_exactly_the_batches_its_seq_table_has(tmp_path, monkeypatch):
@@ -606,21 +613,12 @@ def test_a_checkpoint_taken_during_ingest_holds_exactly_the_batches_its_seq_tabl
     filler = learner.connect(pb.Hello(actor_id="a", policy_version=-1))
     for seq in range(1, capacity // n + 1):
         assert learner.ingest(filler, tagged_batch(0, seq))
-    ingester = Ingester(learner)
-    pause_each_chunk_read(monkeypatch, learner, ingester, batches=10)  # 7 x 10 x 32 items: past one capacity
-    ingester.start()
-    try:
-        assert wait_for(lambda: ingester.stored >= 3 or ingester.error is not None, 60)
-        learner.checkpoint()
-    finally:
-        ingester.stop.set()
-        ingester.join()
-    assert ingester.error is None
+    _, stored = checkpoint_while_ingesting(monkeypatch, learner, batches_per_read=10)  # 7 x 10 x 32: past capacity
 
     _, parts = CheckpointStore(tmp_path).load_latest()
     acked, replay = parts["learner"]["seq_table"], parts["replay"]
     b = acked["b"]
-    assert acked["a"] == capacity // n and b >= 3 and ingester.stored >= b + 70
+    assert acked["a"] == capacity // n and b >= 3 and stored >= b + 70
     sent = [(0, seq, row) for seq in range(1, acked["a"] + 1) for row in range(n)]
     sent += [(1, seq, row) for seq in range(1, b + 1) for row in range(n)]
     assert replay["inserted"] == len(sent) == parts["learner"]["inserts"]  # the limiter's count as of that instant

@@ -41,6 +41,7 @@ def test_two_actors_train_and_both_end_on_the_newest_version(tmp_path):
         assert doc["policy_version"] == final.policy_version and doc["updates"] >= 100
         assert {a["id"] for a in doc["actors"]} == {"a0", "a1"} and all("lag" in a for a in doc["actors"])
         assert doc["buffer_size"] > 0 and doc["inserted"] > 0
+        assert all(a["inserted"] > 0 and a["duplicates"] == 0 for a in doc["actors"])  # per actor: stored, resent
     finally:
         codes = stop(*actors, learner)
     assert codes == [0, 0, 0], f"exit codes actors/learner: {codes}"
