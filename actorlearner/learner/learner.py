@@ -257,20 +257,20 @@ class Learner:
         return True
 
     def _duplicate(self, stream: ActorStream, seq: int) -> bool:
-        """Whether ``seq`` was stored already. More duplicates on one stream than an unacked window
-        means the actor's seqs restarted below what it sent before: refused, or it would be acked
-        "duplicate" forever and nothing stored."""
+        """Whether ``seq`` was stored already (a resend). More of them on one stream than a window
+        suggests the actor's seqs restarted below what it sent before, so that nothing it sends is
+        stored: warned once per stream (and counted in status). Not refused: a learner restarted
+        with a smaller window cannot tell that from a legal resend of the actor's older, larger window."""
         stored = self._seq_table.get(stream.record.actor_id, -1)
         if seq > stored:
             return False
         stream.duplicates += 1
         stream.record.duplicates += 1
-        if stream.duplicates > self.config.max_unacked:
-            raise wire.WireError(
-                f"seq {seq} is not above {stored}, the highest seq stored for actor_id {stream.record.actor_id!r}, "
-                f"and this stream has sent {stream.duplicates} such batches, more than a resent window "
-                f"({self.config.max_unacked}): the actor's seqs restarted; continue above {stored} or use a new actor_id",
-                "FAILED_PRECONDITION")
+        if stream.duplicates == self.config.max_unacked + 1:
+            logger.warning("actor %s: %d batches on one stream had seqs not above %d, the highest stored for this "
+                           "actor_id: more than a window (%d). If the actor's seqs restarted, nothing it sends is "
+                           "stored: it must continue above %d or use a new actor_id", stream.record.actor_id,
+                           stream.duplicates, stored, self.config.max_unacked, stored)
         return True
 
     def _acquire_insert(self, stream: ActorStream, n: int) -> None:
