@@ -1,0 +1,20 @@
+"""Networks built from gymnasium spaces: observation encoders and branching Q heads."""
+
+from actorlearner.networks.encoders import ObservationEncoder
+from actorlearner.networks.heads import (
+    ActionBranches,
+    BranchingDuelingHead,
+    action_branches,
+)
+from actorlearner.networks.leaves import (
+    UnsupportedSpace,
+    field_name,
+    leaf_arrays,
+    leaf_fields,
+    leaf_spaces,
+)
+
+__all__ = [
+    "ActionBranches", "BranchingDuelingHead", "ObservationEncoder", "UnsupportedSpace",
+    "action_branches", "field_name", "leaf_arrays", "leaf_fields", "leaf_spaces",
+]

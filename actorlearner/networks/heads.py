@@ -1,0 +1,93 @@
+"""Discrete action spaces as branches, and the action-branching dueling Q head (Tavakoli et al. 2018)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import Tensor, nn
+
+from actorlearner.networks.leaves import UnsupportedSpace
+
+DISCRETE_ACTIONS = "use Discrete, MultiDiscrete or MultiBinary"
+
+
+@dataclass(frozen=True)
+class ActionBranches:
+    """An action space as D independent discrete choices.
+
+    Attributes:
+        sizes: the number of actions of each branch.
+        starts: the action value of each branch's index 0.
+        shape: the per-item action shape as stored (``()`` for Discrete).
+        dtype: the dtype actions are stored in.
+    """
+
+    sizes: tuple[int, ...]
+    starts: tuple[int, ...]
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def to_indices(self, actions: Tensor) -> Tensor:
+        """Actions ``[B, *shape]`` -> branch indices ``[B, D]`` (long, starts subtracted)."""
+        starts = torch.tensor(self.starts, dtype=torch.long, device=actions.device)
+        return actions.reshape(actions.shape[0], len(self.sizes)).long() - starts
+
+    def from_indices(self, indices: Tensor | np.ndarray) -> np.ndarray:
+        """Branch indices ``[B, D]`` -> actions ``[B, *shape]`` in the space's dtype (starts added)."""
+        if isinstance(indices, Tensor):
+            indices = indices.detach().cpu().numpy()
+        actions = np.asarray(indices, dtype=np.int64) + np.asarray(self.starts, dtype=np.int64)
+        return actions.astype(self.dtype).reshape(len(actions), *self.shape)
+
+
+def action_branches(space: gym.Space) -> ActionBranches:
+    """The branches of a Discrete, MultiDiscrete (row-major) or MultiBinary action space."""
+    if isinstance(space, spaces.Discrete):
+        return ActionBranches((int(space.n),), (int(space.start),), (), np.dtype(space.dtype))
+    if isinstance(space, (spaces.MultiDiscrete, spaces.MultiBinary)) and not np.prod(space.shape):
+        raise UnsupportedSpace("action", space, reason=f"its shape {space.shape} has no elements")
+    if isinstance(space, spaces.MultiDiscrete):
+        return ActionBranches(tuple(space.nvec.reshape(-1).tolist()), tuple(space.start.reshape(-1).tolist()),
+                              space.shape, np.dtype(space.dtype))
+    if isinstance(space, spaces.MultiBinary):
+        count = int(np.prod(space.shape))
+        return ActionBranches((2,) * count, (0,) * count, space.shape, np.dtype(space.dtype))
+    if isinstance(space, spaces.Box):
+        raise UnsupportedSpace("action", space, reason=f"continuous actions are not supported by this algorithm yet; "
+                                                       f"{DISCRETE_ACTIONS}")
+    raise UnsupportedSpace("action", space, reason=DISCRETE_ACTIONS)
+
+
+class BranchingDuelingHead(nn.Module):
+    """Q values ``[B, D, N_max]`` of D action branches from features ``[B, in_features]``.
+
+    One shared state value V(s) and one advantage layer per branch (all in one Linear):
+    ``Q_d = V + A_d - mean(A_d)`` with the mean over branch d's own actions, or ``Q_d = A_d``
+    without dueling. Entries past a branch's size are -inf, so argmax never picks them.
+    """
+
+    def __init__(self, in_features: int, sizes: tuple[int, ...], dueling: bool = True):
+        super().__init__()
+        if not sizes or min(sizes) < 1:
+            raise ValueError(f"branch sizes {sizes} must be one or more positive counts")
+        self.sizes = tuple(sizes)
+        self.n_max = max(sizes)
+        self.advantages = nn.Linear(in_features, sum(sizes))
+        self.value = nn.Linear(in_features, 1) if dueling else None
+        branch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+        slot = torch.cat([torch.arange(size) for size in sizes])
+        self.register_buffer("branch", branch)
+        self.register_buffer("padded_index", branch * self.n_max + slot)
+        self.register_buffer("size_of_branch", torch.tensor(sizes, dtype=torch.float32))
+
+    def forward(self, h: Tensor) -> Tensor:
+        q = self.advantages(h)
+        if self.value is not None:
+            sums = torch.zeros(h.shape[0], len(self.sizes), dtype=q.dtype, device=q.device).index_add(1, self.branch, q)
+            q = self.value(h) + q - (sums / self.size_of_branch)[:, self.branch]
+        padded = torch.full((h.shape[0], len(self.sizes) * self.n_max), float("-inf"), dtype=q.dtype, device=q.device)
+        return padded.index_copy(1, self.padded_index, q).view(h.shape[0], len(self.sizes), self.n_max)
