@@ -18,6 +18,7 @@ import time
 import grpc
 
 from actorlearner import config as cfg
+from actorlearner.algorithms import resolve as resolve_algorithm
 from actorlearner.health import CONNECTED, Health
 from actorlearner.metrics import serve_metrics
 from actorlearner.telemetry import format_progress
@@ -29,11 +30,19 @@ logger = logging.getLogger("actorlearner")
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="actorlearner", description=__doc__)
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    algorithm = None
+    if command in ("learner", "run"):  # the algorithm's options are the learner's too: resolve it first
+        try:
+            algorithm = resolve_algorithm(cfg.algorithm_name(argv))
+        except ValueError as exc:
+            parser.error(str(exc))
     commands = parser.add_subparsers(dest="command", required=True)
     for name, (config_class, _, help_text) in COMMANDS.items():
         sub = commands.add_parser(name, help=help_text, description=config_class.__doc__)
-        cfg.add_arguments(sub, config_class)
+        cfg.add_arguments(sub, config_class, algorithm)
     status = commands.add_parser("status", help="print a learner's status")
     status.add_argument("--learner", default="127.0.0.1:50051", help="learner address HOST:PORT")
     status.add_argument("--json", action="store_true", help="one JSON object instead of a table")
@@ -46,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "status":
             return status_command(args.learner, args.json, args.timeout, cfg.build(SecurityConfig, args))
         config_class, command, _ = COMMANDS[args.command]
-        config = cfg.build(config_class, args)
+        config = cfg.build(config_class, args, algorithm=algorithm)
     except ValueError as exc:
         parser.error(str(exc))
     return command(config)
@@ -65,7 +74,9 @@ def learner_command(config: cfg.LearnerConfig) -> int:
     from actorlearner.learner.server import serve
 
     warn_if_exposed(config.host, config.security)
-    learner = Learner(config)  # restores the newest good checkpoint, buffer included
+    learner = _start_learner(Learner, config)  # restores the newest good checkpoint, buffer included
+    if learner is None:
+        return 2
     stop = threading.Event()
     on_signals(stop.set)
     health = Health()
@@ -156,7 +167,9 @@ def run_command(config: cfg.RunConfig) -> int:
     from actorlearner.learner.server import serve
 
     learner_config = dataclasses.replace(config.learner, host="127.0.0.1", port=0, num_actors=config.actors)
-    learner = Learner(learner_config)
+    learner = _start_learner(Learner, learner_config)
+    if learner is None:
+        return 2
     stop = threading.Event()
     on_signals(stop.set)
     start = time.monotonic()
@@ -196,6 +209,16 @@ COMMANDS = {
                    "serve an environment over env.proto, one instance per session"),
     "run": (cfg.RunConfig, run_command, "a learner and N actors on loopback until solved or out of time"),
 }
+
+
+def _start_learner(learner_class, config: cfg.LearnerConfig):
+    """The learner, or None after one ERROR line saying why it cannot be built (an env space the
+    algorithm cannot learn from, an unknown algorithm, bad settings); no traceback."""
+    try:
+        return learner_class(config)
+    except ValueError as exc:
+        logger.error("cannot start the learner: %s", exc)
+        return None
 
 
 def _spawn_actor(config: cfg.RunConfig, port: int, index: int) -> subprocess.Popen:

@@ -1,9 +1,11 @@
 """Dataclass configs: one source for CLI flags, TOML files and ``ACTORLEARNER_*`` env vars.
 
 Each field's docstring (the string literal under it) is its help text. A nested dataclass
-field becomes a group of options with its name as prefix (``--dqn-lr``,
-``ACTORLEARNER_DQN_LR``, TOML table ``[dqn]``) unless it is marked ``flatten``. A field
-marked ``option: False`` is set by the program, never by the user.
+field becomes a group of options with its name as prefix (``--tls-cert``...) unless it is
+marked ``flatten``. The algorithm named by ``--algorithm`` adds its own config dataclass
+the same way, prefixed with its name (``--dqn-lr``, ``ACTORLEARNER_DQN_LR``, TOML table
+``[dqn]``): see :func:`algorithm_options`. A field marked ``option: False`` is set by the
+program, never by the user.
 Precedence: command-line flag, then environment variable, then TOML file, then default.
 """
 
@@ -20,7 +22,6 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from actorlearner.algorithms.dqn import DQNConfig
 from actorlearner.transport import SecurityConfig
 
 ENV_PREFIX = "ACTORLEARNER_"
@@ -37,7 +38,7 @@ class LearnerConfig:
     port: int = 50051
     """gRPC port; 0 picks a free one and prints it."""
     algorithm: str = "dqn"
-    """Learning algorithm (actors must run the same)."""
+    """Learning algorithm: a registered name (dqn) or package.module:Name; its options follow, prefixed with its name."""
     seed: int = 0
     """Seeds networks, sampling and evaluation."""
     device: str = "auto"
@@ -72,12 +73,8 @@ class LearnerConfig:
     """Payload codec actors use: msgpack or msgpack+zlib."""
     actor_priorities: bool = True
     """Actors compute initial priorities (Ape-X); otherwise new items get the max priority."""
-    epsilon_base: float = 0.4
-    """Ape-X exploration: actor i of N uses epsilon_base ** (1 + epsilon_alpha * i / (N - 1))."""
-    epsilon_alpha: float = 7.0
-    """Ape-X exploration exponent (see epsilon_base)."""
     num_actors: int = 2
-    """Actors expected; spreads the Ape-X epsilons over this many indices."""
+    """Actors expected; the algorithm spreads its exploration over this many actor indices."""
     max_message_bytes: int = 16 * 1024 * 1024
     """Largest gRPC message accepted or sent."""
     max_streams: int = 64
@@ -108,8 +105,8 @@ class LearnerConfig:
     """Torch intra-op threads (keep small: actors share the cores)."""
     metrics_port: int = 0
     """Prometheus /metrics port, on host; 0 disables it."""
-    dqn: DQNConfig = field(default_factory=DQNConfig)
-    """Ape-X DQN hyperparameters."""
+    algorithm_config: Any = field(default=None, metadata={"option": False})
+    """The algorithm's config dataclass, built from its options; None means its defaults."""
     security: SecurityConfig = field(default_factory=SecurityConfig, metadata={"flatten": True})
     """Bearer token and TLS."""
 
@@ -236,23 +233,72 @@ def options(cls: type, prefix: str = "", path: tuple[str, ...] = ()) -> list[Opt
     return out
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add ``--config`` and one flag per option of ``cls`` (defaults left to :func:`build`)."""
+def add_arguments(parser: argparse.ArgumentParser, cls: type, algorithm: type | None = None) -> None:
+    """Add ``--config`` and one flag per option of ``cls`` (defaults left to :func:`build`), and of
+    ``algorithm``'s config (prefixed with its name) when ``cls`` holds a learner."""
     parser.add_argument("--config", help="TOML file with settings (flags and env vars override it)")
-    for opt in options(cls):
+    groups = [options(cls)]
+    if algorithm is not None and _learner_path(cls) is not None:
+        groups.append(options(algorithm.config_class, f"{algorithm.name}-"))
+    for opt in (opt for group in groups for opt in group):
         parser.add_argument(opt.flag, dest=_dest(opt), default=None, metavar=_metavar(opt.kind),
                             help=f"{opt.help} [default: {_show(opt.default)}; env {opt.env_var}]")
 
 
-def build(cls: type, args: argparse.Namespace | None = None, environ: typing.Mapping[str, str] | None = None):
-    """Make a ``cls`` from flags, env vars and the TOML file named by ``--config``."""
+def build(cls: type, args: argparse.Namespace | None = None, environ: typing.Mapping[str, str] | None = None,
+          algorithm: type | None = None):
+    """Make a ``cls`` from flags, env vars and the TOML file named by ``--config``.
+
+    With ``algorithm`` (when ``cls`` holds a learner), the learner's ``algorithm_config`` is
+    built the same way from the algorithm's prefixed options and its TOML table.
+    """
     environ = os.environ if environ is None else environ
     table: dict = {}
     if args is not None and getattr(args, "config", None):
         with open(args.config, "rb") as fh:
             table = tomllib.load(fh)
+    config = _build(cls, "", args, environ, table)
+    path = _learner_path(cls)
+    if algorithm is None or path is None:
+        return config
+    sub = table.get(algorithm.name, {})
+    algorithm_config = _build(algorithm.config_class, f"{algorithm.name}-", args, environ,
+                              sub if isinstance(sub, dict) else {})
+    if not path:
+        return dataclasses.replace(config, algorithm_config=algorithm_config)
+    learner = dataclasses.replace(getattr(config, path), algorithm_config=algorithm_config)
+    return dataclasses.replace(config, **{path: learner})
+
+
+def algorithm_name(argv: typing.Sequence[str], environ: typing.Mapping[str, str] | None = None) -> str:
+    """The ``--algorithm`` a command line asks for: flag, env var, TOML ``--config``, else the default."""
+    environ = os.environ if environ is None else environ
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--algorithm")
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(list(argv))
+    if known.algorithm:
+        return known.algorithm
+    if "ACTORLEARNER_ALGORITHM" in environ:
+        return environ["ACTORLEARNER_ALGORITHM"]
+    if known.config and os.path.exists(known.config):
+        with open(known.config, "rb") as fh:
+            name = tomllib.load(fh).get("algorithm")
+        if isinstance(name, str):
+            return name
+    return LearnerConfig.algorithm
+
+
+def _learner_path(cls: type) -> str | None:
+    """Where ``cls`` keeps its LearnerConfig: "" when it is one, a field name, or None."""
+    if cls is LearnerConfig:
+        return ""
+    return next((f.name for f in dataclasses.fields(cls) if typing.get_type_hints(cls)[f.name] is LearnerConfig), None)
+
+
+def _build(cls: type, prefix: str, args: argparse.Namespace | None, environ: typing.Mapping[str, str], table: dict):
     values: dict[tuple[str, ...], Any] = {}
-    for opt in options(cls):
+    for opt in options(cls, prefix):
         raw = getattr(args, _dest(opt), None) if args is not None else None
         source = opt.flag
         if raw is None and opt.env_var in environ:
@@ -331,9 +377,9 @@ def _show(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-def markdown_table(cls: type) -> str:
-    """The options of ``cls`` as a Markdown table, for the README."""
+def markdown_table(cls: type, prefix: str = "") -> str:
+    """The options of ``cls`` (flags prefixed with ``prefix``) as a Markdown table, for the README."""
     rows = ["| flag | env var | default | meaning |", "|---|---|---|---|"]
-    for opt in options(cls):
+    for opt in options(cls, prefix):
         rows.append(f"| `{opt.flag}` | `{opt.env_var}` | `{_show(opt.default)}` | {opt.help} |")
     return "\n".join(rows)

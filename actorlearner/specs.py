@@ -1,14 +1,12 @@
 """Gymnasium spaces <-> proto messages.
 
-Two schemas: learner.proto's ``EnvSpec`` (a Box observation and a Discrete action, what
-the learner checks in Hello) and env.proto's ``Space`` (every space a custom env may use,
-converted exactly both ways). Unsupported spaces raise ValueError naming them; malformed
+One schema for spaces in the whole system: env.proto's ``Space`` (every space a custom env
+may use, converted exactly both ways), also inside learner.proto's ``EnvSpec`` (what the
+learner checks in Hello). Unsupported spaces raise ValueError naming them; malformed
 messages raise ``wire.WireError``.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 from gymnasium import spaces
@@ -18,138 +16,85 @@ from actorlearner.values import MAX_DEPTH, tensor_from_proto, tensor_to_proto, t
 from actorlearner.v1 import env_pb2, learner_pb2
 
 
-def _bounds(values: np.ndarray) -> list[float]:
-    """Bounds as proto doubles: one value when all are equal, else every value in C order."""
-    flat = np.asarray(values, dtype=np.float64).reshape(-1)
-    if flat.size and (flat == flat[0]).all():
-        return [float(flat[0])]
-    return flat.tolist()
-
-
-def tensor_spec(name: str, space: spaces.Space) -> learner_pb2.TensorSpec:
-    """The TensorSpec of a Box space; ValueError for any other space or a non-wire dtype."""
-    if not isinstance(space, spaces.Box):
-        raise ValueError(f"{name} space {space} is not supported: only Box is")
-    if space.dtype is None or space.dtype.name not in wire.DTYPES:
-        raise ValueError(f"{name} space {space} has dtype {space.dtype}; allowed: {', '.join(wire.DTYPES)}")
-    return learner_pb2.TensorSpec(
-        name=name, dtype=space.dtype.name, shape=list(space.shape),
-        low=_bounds(space.low), high=_bounds(space.high),
-    )
-
-
-def action_spec(space: spaces.Space) -> learner_pb2.ActionSpec:
-    """The ActionSpec of a Discrete space; ValueError naming any other space."""
-    if not isinstance(space, spaces.Discrete):
-        raise ValueError(f"action space {space} is not supported: only Discrete is")
-    return learner_pb2.ActionSpec(discrete=learner_pb2.DiscreteSpec(n=int(space.n), start=int(space.start)))
-
-
 def env_spec(env_id: str, observation_space: spaces.Space, action_space: spaces.Space) -> learner_pb2.EnvSpec:
-    """The EnvSpec an actor sends in Hello and the learner compares with its own."""
-    return learner_pb2.EnvSpec(
-        env_id=env_id,
-        observation=tensor_spec("obs", observation_space),
-        action=action_spec(action_space),
-    )
+    """The EnvSpec an actor sends in Hello and the learner compares with its own; ValueError naming
+    a space env.proto cannot describe."""
+    return learner_pb2.EnvSpec(env_id=env_id, observation=space_to_proto(observation_space),
+                               action=space_to_proto(action_space))
 
 
-def _as_dtype(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Bounds cast to ``dtype``; for ints, out-of-range doubles (inf, int64 extremes) saturate."""
-    if dtype.kind not in "iu":
-        return values.astype(dtype)
-    info = np.iinfo(dtype)
-    high, low = values >= float(info.max), values <= float(info.min)
-    out = np.where(high | low, 0, values).astype(dtype)
-    out[high], out[low] = info.max, info.min
-    return out
-
-
-def _full_bounds(values, shape: tuple[int, ...], default: float) -> np.ndarray | None:
-    """Proto bounds as doubles of ``shape``: empty -> ``default``, one value -> broadcast; None if malformed."""
-    values = np.asarray(values, dtype=np.float64)
-    if values.size == 0:
-        return np.full(shape, default)
-    if values.size == 1:
-        return np.full(shape, values[0])
-    if values.size == int(np.prod(shape, dtype=np.int64)):
-        return values.reshape(shape)
-    return None
-
-
-def box_from_spec(spec: learner_pb2.TensorSpec) -> spaces.Box:
-    """The Box space a TensorSpec describes (empty bounds mean unbounded)."""
-    if spec.dtype not in wire.DTYPES:
-        raise ValueError(f"tensor spec {spec.name!r} has unknown dtype {spec.dtype!r}")
-    dtype = np.dtype(spec.dtype)
-    shape = tuple(int(d) for d in spec.shape)
-    if any(d < 0 for d in shape):
-        raise ValueError(f"tensor spec {spec.name!r} has a negative dimension in {shape}")
-    # Bounds are built as float64 arrays of this shape: refuse what could not travel as one anyway.
-    if len(shape) > wire.MAX_RANK or math.prod(shape) * 8 > wire.DEFAULT_MAX_BYTES:
-        raise ValueError(f"tensor spec {spec.name!r} of shape {shape} is too large "
-                         f"(rank <= {wire.MAX_RANK}, at most {wire.DEFAULT_MAX_BYTES // 8} elements)")
-    bounds = []
-    for which, default in (("low", -np.inf), ("high", np.inf)):
-        values = _full_bounds(getattr(spec, which), shape, default)
-        if values is None:
-            raise ValueError(f"tensor spec {spec.name!r} has {len(getattr(spec, which))} {which} "
-                             f"values for shape {shape}")
-        bounds.append(_as_dtype(values, dtype))
-    return spaces.Box(low=bounds[0], high=bounds[1], shape=shape, dtype=dtype)
-
-
-def spaces_from_spec(spec: learner_pb2.EnvSpec) -> tuple[spaces.Box, spaces.Discrete]:
-    """``(observation_space, action_space)`` of an EnvSpec."""
-    if not spec.HasField("observation"):
-        raise ValueError("env spec has no observation")
-    kind = spec.action.WhichOneof("kind")
-    if kind != "discrete":
-        raise ValueError(f"env spec action kind {kind or 'unset'} is not supported: only discrete is")
-    discrete = spec.action.discrete
-    if discrete.n < 1:
-        raise ValueError(f"env spec has a discrete action space with n={discrete.n}")
-    return box_from_spec(spec.observation), spaces.Discrete(int(discrete.n), start=int(discrete.start))
+def spaces_from_spec(spec: learner_pb2.EnvSpec) -> tuple[spaces.Space, spaces.Space]:
+    """``(observation_space, action_space)`` of an EnvSpec; WireError if either is missing or malformed."""
+    for role in ("observation", "action"):
+        if not spec.HasField(role):
+            raise wire.WireError(f"env spec has no {role} space")
+    return space_from_proto(spec.observation), space_from_proto(spec.action)
 
 
 def spec_mismatch(expected: learner_pb2.EnvSpec, got: learner_pb2.EnvSpec) -> str | None:
     """Why ``got`` (an actor's env) differs from ``expected`` (the learner's), or None.
 
     ``env_id`` is informational and not compared. Reasons read like
-    ``observation shape (4,) != (8,)``, expected on the left; all of them, joined by "; ".
+    ``observation/camera shape (84, 84, 3) != (64, 64, 3)``, expected on the left; all of
+    them, joined by "; ". A malformed space in ``got`` is a reason too.
     """
-    reasons = []
-    eo, go = expected.observation, got.observation
-    if eo.dtype != go.dtype:
-        reasons.append(f"observation dtype {eo.dtype} != {go.dtype}")
-    if tuple(eo.shape) != tuple(go.shape):
-        reasons.append(f"observation shape {tuple(eo.shape)} != {tuple(go.shape)}")
-    else:
-        shape = tuple(eo.shape)
-        for which, default in (("low", -np.inf), ("high", np.inf)):
-            want = _full_bounds(getattr(eo, which), shape, default)
-            have = _full_bounds(getattr(go, which), shape, default)
-            if want is None or have is None or not np.array_equal(want, have):
-                reasons.append(f"observation {which} bounds differ: {_short(getattr(eo, which))} "
-                               f"!= {_short(getattr(go, which))}")
-    ea, ga = expected.action.WhichOneof("kind"), got.action.WhichOneof("kind")
-    if ea != ga:
-        reasons.append(f"action kind {ea} != {ga}")
-    elif ea == "discrete":
-        if expected.action.discrete.n != got.action.discrete.n:
-            reasons.append(f"action n {expected.action.discrete.n} != {got.action.discrete.n}")
-        if expected.action.discrete.start != got.action.discrete.start:
-            reasons.append(f"action start {expected.action.discrete.start} != {got.action.discrete.start}")
-    elif expected.action != got.action:
-        reasons.append("action specs differ")
+    reasons: list[str] = []
+    for role in ("observation", "action"):
+        if not got.HasField(role):
+            reasons.append(f"{role} space missing")
+            continue
+        try:
+            have = space_from_proto(getattr(got, role))
+        except wire.WireError as exc:
+            reasons.append(f"{role} space malformed: {exc}")
+            continue
+        _differences(space_from_proto(getattr(expected, role)), have, role, reasons)
     return "; ".join(reasons) or None
 
 
+def _differences(want: spaces.Space, have: spaces.Space, path: str, out: list[str]) -> None:
+    """Append to ``out`` how ``have`` differs from ``want``, leaf by leaf."""
+    if type(want) is not type(have):
+        out.append(f"{path} {type(want).__name__} != {type(have).__name__}")
+        return
+    if isinstance(want, spaces.Dict):
+        if list(want.spaces) != list(have.spaces):
+            out.append(f"{path} keys {list(want.spaces)} != {list(have.spaces)}")
+            return
+        for key in want.spaces:
+            _differences(want[key], have[key], f"{path}/{key}", out)
+        return
+    if isinstance(want, spaces.Tuple):
+        if len(want) != len(have):
+            out.append(f"{path} has {len(want)} items != {len(have)}")
+            return
+        for i, (w, h) in enumerate(zip(want, have)):
+            _differences(w, h, f"{path}/{i}", out)
+        return
+    if want.dtype != have.dtype:
+        out.append(f"{path} dtype {want.dtype} != {have.dtype}")
+    if want.shape != have.shape:
+        out.append(f"{path} shape {want.shape} != {have.shape}")
+    elif want != have:
+        out.append(f"{path} {_describe(want)} != {_describe(have)}")
+
+
+def _describe(space: spaces.Space) -> str:
+    """A space's values for a message: bounds, n and start, nvec..., cut after a few values."""
+    if isinstance(space, spaces.Box):
+        return f"bounds [{_short(space.low)}]..[{_short(space.high)}]"
+    if isinstance(space, spaces.Discrete):
+        return f"Discrete(n={space.n}, start={space.start})"
+    if isinstance(space, spaces.MultiDiscrete):
+        return f"MultiDiscrete(nvec=[{_short(space.nvec)}], start=[{_short(space.start)}])"
+    return str(space)
+
+
 def _short(values) -> str:
-    """A bounds list for a message, cut after a few values."""
-    values = list(values)
-    head = ", ".join(f"{v:g}" for v in values[:4])
-    return f"[{head}{', ...' if len(values) > 4 else ''}]"
+    """Array values for a message, cut after a few."""
+    flat = np.asarray(values).reshape(-1)
+    head = ", ".join(f"{v:g}" for v in flat[:4].tolist())
+    return f"{head}{', ...' if flat.size > 4 else ''}"
 
 
 # --------------------------------------------------------------------------- env.proto spaces

@@ -226,7 +226,7 @@ def _check_keys(got: Mapping[str, Any], want: Mapping[str, Any], what: str, code
         raise WireError("; ".join(parts), code)
 
 
-def _as_np_dtype(dtype: Any) -> np.dtype:
+def np_dtype(dtype: Any) -> np.dtype:
     """A numpy dtype from a numpy dtype, torch dtype or wire name."""
     if isinstance(dtype, torch.dtype):
         if dtype not in _TORCH_DTYPES:
@@ -275,7 +275,7 @@ def decode_batch(
             array = decode_array(obj[name], max_bytes, writable=writable)
         except WireError as e:
             raise WireError(f"field {name!r}: {e}", e.code) from None
-        want_dtype, want_shape = _as_np_dtype(dtype), (num_transitions, *map(int, shape))
+        want_dtype, want_shape = np_dtype(dtype), (num_transitions, *map(int, shape))
         if array.dtype != want_dtype:
             raise WireError(f"field {name!r} has dtype {array.dtype}, expected {want_dtype}")
         if array.shape != want_shape:
@@ -338,7 +338,7 @@ def decode_state_dict(
             raise WireError(f"parameter {name!r}: {e}", e.code) from None
         if expected is not None:
             shape, dtype = expected[name]
-            want_shape, want_dtype = tuple(map(int, shape)), _as_np_dtype(dtype)
+            want_shape, want_dtype = tuple(map(int, shape)), np_dtype(dtype)
             if array.shape != want_shape or array.dtype != want_dtype:
                 raise WireError(
                     f"parameter {name!r} is {array.dtype}{list(array.shape)}, "

@@ -13,10 +13,8 @@ import numpy as np
 import torch
 
 from actorlearner import specs, wire
-from actorlearner.actor.link import LearnerLink, Session, SettingsError
-from actorlearner.actor.nstep import NStepAssembler
-from actorlearner.algorithms import Algorithm, make_algorithm
-from actorlearner.algorithms.dqn import DQNConfig, apex_epsilons
+from actorlearner.actor.link import LearnerLink, Session, SettingsError, policy_key
+from actorlearner.algorithms import Algorithm, TransitionAssembler, make_config, resolve
 from actorlearner.config import ActorConfig
 from actorlearner.envs import make_vector_env
 from actorlearner.metrics import Metric
@@ -27,13 +25,14 @@ logger = logging.getLogger(__name__)
 
 
 class Actor:
-    """Steps envs with epsilon-greedy actions of the newest policy it has and streams batches.
+    """Steps envs with the newest policy it has and streams batches of the learner's algorithm.
 
-    Every Welcome's settings apply (n-step, gamma, batch size, window, codec, this actor's
-    Ape-X epsilon, the network of ``algorithm_config``); policy updates are applied between
+    The algorithm comes from the Welcome (its name and config), as do every other setting:
+    batch size, window, codec, this actor's exploration. Policy updates are applied between
     env steps and every batch carries the version that produced it. When a Welcome comes
-    from another learner (a restart) or changes what shapes batches (n-step, gamma, batch
-    size, codec, priorities, network), the previous session is closed out first:
+    from another learner (a restart) or changes what shapes batches (the algorithm's config,
+    such as n-step and gamma, batch size, codec, priorities), the previous session is closed
+    out first:
 
     - batches that already hold a seq (the unacked window) are resent as they are, same
       seq, size and codec: nothing acked is lost, nothing is inserted twice;
@@ -54,7 +53,7 @@ class Actor:
         self.envs = make_vector_env(config.env, config.num_envs, config.vector_mode, config.security)
         obs_space, act_space = self.envs.single_observation_space, self.envs.single_action_space
         self.obs_space, self.act_space = obs_space, act_space
-        hello = pb.Hello(actor_id=self.actor_id, protocol_version=wire.PROTOCOL_VERSION, algorithm="dqn",
+        hello = pb.Hello(actor_id=self.actor_id, protocol_version=wire.PROTOCOL_VERSION,
                          env_spec=specs.env_spec(config.env, obs_space, act_space), policy_version=-1)
         self.link = LearnerLink(config.learner, hello, config.max_message_bytes,
                                 config.reconnect_initial, config.reconnect_max, config.security,
@@ -63,8 +62,8 @@ class Actor:
         self.session: Session | None = None  # the Welcome whose settings are in force
         self.algorithm: Algorithm | None = None
         self.policy_version = -1  # -1 while the network has no weights
-        self.assembler: NStepAssembler | None = None
-        self.epsilon = 1.0
+        self.assembler: TransitionAssembler | None = None
+        self.exploration = 1.0
         self._blocks: list[dict[str, np.ndarray]] = []  # transitions not yet in a batch
         self._block_versions: list[int] = []  # the policy version that produced each block
         self._block_count = 0
@@ -101,26 +100,31 @@ class Actor:
             Metric("episode_return", "Return of the last finished episode (NaN before any).", self.last_return),
         ]
 
-    def _build_policy(self, settings: pb.Settings) -> Algorithm:
-        """Check a Welcome's settings and build the network they describe (on the link's reader thread).
+    def _build_policy(self, welcome: pb.Welcome) -> Algorithm:
+        """Check a Welcome's settings and build the algorithm they name (on the link's reader thread).
 
         Raises SettingsError naming what this actor cannot apply.
         """
+        settings = welcome.settings
         try:
-            if settings.n_step < 1:
-                raise ValueError(f"n_step must be >= 1, got {settings.n_step}")
             if settings.batch_size < 1:
                 raise ValueError(f"batch_size must be >= 1, got {settings.batch_size}")
-            if not 0.0 <= settings.gamma <= 1.0:
-                raise ValueError(f"gamma must be in [0, 1], got {settings.gamma}")
             wire.Codec.parse(settings.codec)
+            algorithm_class = resolve(settings.algorithm)
             hyperparameters = json.loads(settings.algorithm_config or "{}")
             if not isinstance(hyperparameters, dict):
                 raise TypeError("algorithm_config must be a JSON object")
-            config = DQNConfig(**{**hyperparameters, "device": "cpu", "seed": self.config.seed})
-            return make_algorithm("dqn", self.obs_space, self.act_space, config)
+            algorithm = algorithm_class(self.obs_space, self.act_space, make_config(algorithm_class, hyperparameters),
+                                        device="cpu", seed=self.config.seed)
         except (ValueError, TypeError, RuntimeError) as exc:  # what bad values make configs and torch raise
             raise SettingsError(f"{type(exc).__name__}: {exc}") from None
+        built = {name: (tuple(shape), wire.np_dtype(dtype).name)
+                 for name, (shape, dtype) in algorithm.transition_fields().items()}
+        expected = {f.name: (tuple(f.shape), f.dtype) for f in welcome.batch_fields}
+        if built != expected:
+            raise SettingsError(f"the learner expects batch fields {expected}, but {settings.algorithm} on this actor "
+                                f"makes {built}: run the same algorithm code on both")
+        return algorithm
 
     def _follow_learner(self) -> bool:
         """Apply the newest Welcome and weights the link holds; False while the network has no weights.
@@ -143,29 +147,29 @@ class Actor:
         """Close out the previous session if needed, then rebuild what depends on the settings."""
         settings, previous = session.settings, self.session
         if previous is None:
-            self.assembler = NStepAssembler(self.config.num_envs, settings.n_step, settings.gamma,
-                                            self.obs_space.shape, obs_dtype=self.obs_space.dtype)
+            self.assembler = session.policy.make_assembler(self.config.num_envs)
         elif _reshapes_batches(previous, session):
-            self.assembler, flushed = self.assembler.rebuild(settings.n_step, settings.gamma)
-            self._collect(flushed)
+            self._collect(self.assembler.flush())
             self._send_batches(previous.settings, everything=True)
-        num_actors = max(settings.num_actors, 1)
-        self.epsilon = apex_epsilons(num_actors, settings.epsilon_base,
-                                     settings.epsilon_alpha)[settings.actor_index % num_actors]
-        new_network = previous is None or settings.algorithm_config != previous.settings.algorithm_config
+            assembler = session.policy.make_assembler(self.config.num_envs)
+            assembler.inherit(self.assembler)
+            self.assembler = assembler
+        new_network = previous is None or policy_key(settings) != policy_key(previous.settings)
         if new_network:
             self.algorithm, self.policy_version = session.policy, -1
+        num_actors = max(settings.num_actors, 1)
+        self.exploration = self.algorithm.exploration(settings.actor_index % num_actors, num_actors)
         self.session = session
         changed = ["all"] if previous is None else [
             *(["learner"] if session.learner_id != previous.learner_id else []),
             *(f.name for f in pb.Settings.DESCRIPTOR.fields
               if getattr(settings, f.name) != getattr(previous.settings, f.name))]
-        logger.info("applied settings from learner %s: n_step=%d gamma=%.6g batch_size=%d max_unacked=%d codec=%s "
-                    "actor_priorities=%s epsilon=%.6g (actor %d of %d); changed: %s; network %s",
-                    session.learner_id, settings.n_step, settings.gamma, settings.batch_size, settings.max_unacked,
-                    wire.Codec.parse(settings.codec).label, settings.actor_priorities, self.epsilon,
+        logger.info("applied settings from learner %s: batch_size=%d max_unacked=%d codec=%s actor_priorities=%s "
+                    "exploration=%.6g (actor %d of %d); changed: %s; %s network %s",
+                    session.learner_id, settings.batch_size, settings.max_unacked,
+                    wire.Codec.parse(settings.codec).label, settings.actor_priorities, self.exploration,
                     settings.actor_index % num_actors, num_actors, ", ".join(changed) or "nothing",
-                    f"built from {settings.algorithm_config}" if new_network else "kept")
+                    settings.algorithm, f"built from {settings.algorithm_config}" if new_network else "kept")
 
     def _loop(self, max_env_steps: int) -> None:
         num_envs = self.config.num_envs
@@ -180,7 +184,7 @@ class Actor:
             if not self._follow_learner():
                 self.stop_event.wait(0.05)  # a new network waits for its first weights
                 continue
-            actions = self.algorithm.act(obs, self.epsilon)
+            actions = self.algorithm.act(obs, self.exploration)
             next_obs, rewards, terminated, truncated, _ = self.envs.step(actions)
             real = ~was_done  # with next-step autoreset, a step after an episode end is a reset
             self.env_steps += int(real.sum())
@@ -213,11 +217,11 @@ class Actor:
 
     def _collect(self, transitions: dict[str, np.ndarray] | None) -> None:
         """Add transitions to those waiting for a batch."""
-        if transitions is None or not len(transitions["reward"]):
+        if transitions is None or not _rows(transitions):
             return
         self._blocks.append(transitions)
         self._block_versions.append(self.policy_version)
-        self._block_count += len(transitions["reward"])
+        self._block_count += _rows(transitions)
 
     def _send_batches(self, settings: pb.Settings, everything: bool = False) -> None:
         """Send every full batch of ``settings`` (with ``everything``, a last smaller one too), each with
@@ -226,7 +230,7 @@ class Actor:
         while self._block_count >= settings.batch_size or (everything and self._block_count):
             version = self._block_versions[0]  # the oldest that produced any of the batch (learner.proto)
             batch, self._blocks, self._block_versions = _cut(self._blocks, self._block_versions, settings.batch_size)
-            self._block_count -= len(batch["reward"])
+            self._block_count -= _rows(batch)
             self._send(batch, self._seq, version, codec, settings.actor_priorities)
             self._seq += 1
 
@@ -236,7 +240,7 @@ class Actor:
         if with_priorities:
             tensors = {k: torch.from_numpy(v) for k, v in batch.items()}
             priorities = self.algorithm.initial_priorities(tensors).tolist()
-        message = wire.encode_batch_message(seq, version, len(batch["reward"]), wire.encode_batch(batch, codec),
+        message = wire.encode_batch_message(seq, version, _rows(batch), wire.encode_batch(batch, codec),
                                             codec, priorities)
         while not self.link.send_batch(seq, message, timeout=0.5, policy_version=version):
             if self.stop_event.is_set():
@@ -247,7 +251,7 @@ class Actor:
 def _reshapes_batches(previous: Session, session: Session) -> bool:
     """Whether data collected under ``previous`` must go out before ``session`` applies: another
     learner (its versions may mean something else) or settings that shape transitions and batches."""
-    shaping = ("n_step", "gamma", "batch_size", "codec", "actor_priorities", "algorithm_config")
+    shaping = ("batch_size", "codec", "actor_priorities", "algorithm", "algorithm_config")
     return (session.learner_id != previous.learner_id
             or any(getattr(session.settings, name) != getattr(previous.settings, name) for name in shaping))
 
@@ -258,7 +262,12 @@ def _cut(pending: list[dict[str, np.ndarray]], versions: list[int], size: int):
     merged = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
     head = {k: v[:size] for k, v in merged.items()}
     rest = {k: v[size:] for k, v in merged.items()}
-    if not len(rest["reward"]):
+    if not _rows(rest):
         return head, [], []
-    ends = np.cumsum([len(p["reward"]) for p in pending])
+    ends = np.cumsum([_rows(p) for p in pending])
     return head, [rest], [versions[int(np.searchsorted(ends, size, side="right"))]]
+
+
+def _rows(block: dict[str, np.ndarray]) -> int:
+    """Transitions in a block of fields (every field has them as its leading dimension)."""
+    return len(next(iter(block.values())))

@@ -48,9 +48,9 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True, eq=False)
 class Session:
-    """One Welcome as the actor applies it: the learner's settings and the network they describe.
+    """One Welcome as the actor applies it: the learner's settings and the algorithm they name.
 
-    ``policy`` is a fresh network built for these settings (None for a link without
+    ``policy`` is a fresh algorithm built for these settings (None for a link without
     ``build_policy``); ``policy_spec`` is what every PolicyUpdate of the session must match.
     """
 
@@ -65,6 +65,11 @@ class Session:
     @property
     def learner_id(self) -> str:
         return self.welcome.learner_id
+
+
+def policy_key(settings: pb.Settings) -> tuple[str, str]:
+    """What decides the network: the algorithm and its config."""
+    return settings.algorithm, settings.algorithm_config
 
 
 class ReceivedPolicy(NamedTuple):
@@ -85,9 +90,11 @@ class LearnerLink:
     bytes (see ``wire.encode_batch_message``), so a resend costs no re-encoding: a batch
     keeps its seq, size and codec even when a later Welcome changes the settings.
 
-    ``build_policy`` checks a Welcome's settings and builds the network they describe (on
+    ``build_policy`` checks a Welcome's settings and builds the algorithm they name (on
     the reader thread); it raises :class:`SettingsError` for settings it cannot apply.
     Without it (a weights-only client) updates are decoded without an expected spec.
+    Once welcomed, every Hello names the algorithm and batch fields of the newest Welcome:
+    what this actor holds. A learner running another algorithm refuses it for good.
 
     ``Hello.policy_version`` is the version the actor runs, or the newest version of a batch
     in the window if that is newer (a learner restarted from an older checkpoint accepts
@@ -98,7 +105,7 @@ class LearnerLink:
 
     def __init__(self, address: str, hello: pb.Hello, max_message_bytes: int,
                  reconnect_initial: float = 0.1, reconnect_max: float = 5.0, security: SecurityConfig | None = None,
-                 build_policy: Callable[[pb.Settings], Algorithm] | None = None):
+                 build_policy: Callable[[pb.Welcome], Algorithm] | None = None):
         self.address = address
         self.security = security
         self.hello = hello
@@ -117,7 +124,7 @@ class LearnerLink:
         self._requests: queue.Queue | None = None
         self._policy: ReceivedPolicy | None = None  # always of the current session
         self._held_version = hello.policy_version
-        self._held_config: str | None = None  # algorithm_config of the session whose weights the actor runs
+        self._held_key: tuple[str, str] | None = None  # policy_key of the session whose weights the actor runs
         self._ask_for_weights = False  # the next Hello says -1: the learner withheld weights we need
         self._closing = threading.Event()
         self._call = None
@@ -175,7 +182,7 @@ class LearnerLink:
         network decides whether a Welcome that withholds that version's weights must be asked again."""
         with self._lock:
             self._held_version = policy.version
-            self._held_config = policy.session.settings.algorithm_config
+            self._held_key = policy_key(policy.session.settings)
 
     def flush(self, timeout: float) -> bool:
         """Wait until every sent batch is acked; False if ``timeout`` passed first."""
@@ -297,7 +304,7 @@ class LearnerLink:
         policy, spec = None, None
         if self.build_policy is not None:
             try:
-                policy = self.build_policy(welcome.settings)
+                policy = self.build_policy(welcome)
             except SettingsError as exc:
                 raise LinkError(f"learner {welcome.learner_id} at {self.address} sent settings "
                                 f"this actor cannot apply: {exc}") from None
@@ -305,6 +312,9 @@ class LearnerLink:
         with self._lock:
             self.session = Session(welcome, policy, spec)
             self._policy = None
+            self.hello.algorithm = welcome.settings.algorithm
+            self.hello.ClearField("batch_fields")
+            self.hello.batch_fields.extend(welcome.batch_fields)
             self._lock.notify_all()  # the window may have grown
 
     def _weights_withheld(self, welcome: pb.Welcome, hello_version: int) -> bool:
@@ -312,7 +322,7 @@ class LearnerLink:
         ones we run do not fit its network; if so, the next Hello asks for them with -1."""
         with self._lock:
             if (self.build_policy is None or hello_version < 0 or welcome.policy_version != hello_version
-                    or self._held_config == welcome.settings.algorithm_config):
+                    or self._held_key == policy_key(welcome.settings)):
                 return False
             self._ask_for_weights = True
         logger.info("learner %s holds version %d of another network than this actor runs and sends no weights "

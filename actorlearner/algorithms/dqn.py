@@ -1,22 +1,32 @@
 """Ape-X DQN: dueling double DQN on n-step returns, with |TD| replay priorities.
 
+Observations of any supported space go through `ObservationEncoder` (a conv torso per image,
+one-hots, an MLP); actions are one or more discrete branches (`Discrete`, or `MultiDiscrete`
+and `MultiBinary` in the action-branching form of Tavakoli et al. 2018: one dueling head per
+dimension on a shared torso, one bootstrap target averaged over the branches).
+
 The target math is a handful of pure functions (`double_q_target`, `double_q_learning`,
-`huber`, `dueling_combine`) in rlax's time-indexed style: `_tm1` is the step the action was
-taken in, `_t` the step bootstrapped from. `discount_t` already holds gamma**k (or 0 after a
-termination), so n-step returns need nothing special here.
+`huber`) in rlax's time-indexed style: `_tm1` is the step the action was taken in, `_t` the
+step bootstrapped from, Q values are ``[B, D, N]`` (D branches). `discount_t` already holds
+gamma**k (or 0 after a termination), so n-step returns need nothing special here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from actorlearner.algorithms.base import FlatState, SampleLike, TransitionFields
+from actorlearner.algorithms.base import FlatState, SampleLike, TransitionFields, torch_dtype
+from actorlearner.algorithms.nstep import NStepAssembler
+from actorlearner.networks import (
+    ActionBranches, BranchingDuelingHead, ObservationEncoder, action_branches, field_name, leaf_arrays, leaf_fields,
+)
 
 
 @dataclass
@@ -24,9 +34,11 @@ class DQNConfig:
     """Ape-X DQN hyperparameters; the defaults solve CartPole-v1."""
 
     hidden_sizes: tuple[int, ...] = (128, 128)
-    """Widths of the MLP torso's hidden layers."""
+    """Widths of the MLP torso's hidden layers (after the per-leaf encoders and image conv torsos)."""
     dueling: bool = True
     """Split the head into a state value and mean-centred advantages."""
+    channel_order: str = "auto"
+    """Channel axis of image observations: hwc, chw, or auto (the smaller of the first and last dims)."""
     lr: float = 5e-4
     """Adam learning rate."""
     gamma: float = 0.99
@@ -43,11 +55,10 @@ class DQNConfig:
     """Where the Huber loss turns from quadratic to linear."""
     priority_eps: float = 1e-6
     """Added to |TD| so that no item's priority is zero."""
-    device: str = field(default="cpu", metadata={"option": False})
-    """Torch device of the networks; "auto" picks cuda when there is one. Set by the learner (its
-    --device) and the actor (cpu), not an option."""
-    seed: int = field(default=0, metadata={"option": False})
-    """Seeds the network init and the exploration RNG. Set from the learner's or actor's --seed."""
+    epsilon_base: float = 0.4
+    """Ape-X exploration: actor i of N uses epsilon_base ** (1 + epsilon_alpha * i / (N - 1))."""
+    epsilon_alpha: float = 7.0
+    """Ape-X exploration exponent (see epsilon_base)."""
 
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(int(h) for h in self.hidden_sizes)
@@ -71,23 +82,22 @@ def huber(x: Tensor, delta: float = 1.0) -> Tensor:
     return 0.5 * quadratic**2 + delta * (abs_x - quadratic)
 
 
-def dueling_combine(value: Tensor, advantages: Tensor) -> Tensor:
-    """Q = V + A - mean(A): value [B], advantages [B, A] -> q [B, A]."""
-    return value.unsqueeze(-1) + advantages - advantages.mean(dim=-1, keepdim=True)
-
-
 def double_q_target(r_t: Tensor, discount_t: Tensor, q_t_online: Tensor, q_t_target: Tensor) -> Tensor:
-    """Double-Q bootstrap target [B]: the online net picks a_t, the target net values it."""
+    """Double-Q bootstrap target [B]: per branch the online net picks a_t and the target net values
+    it; the branches' values are averaged (one target for the joint action)."""
     a_t = q_t_online.argmax(dim=-1, keepdim=True)
-    return r_t + discount_t * q_t_target.gather(-1, a_t).squeeze(-1)
+    return r_t + discount_t * q_t_target.gather(-1, a_t).squeeze(-1).mean(dim=-1)
 
 
 def double_q_learning(
     q_tm1: Tensor, a_tm1: Tensor, r_t: Tensor, discount_t: Tensor, q_t_online: Tensor, q_t_target: Tensor
 ) -> Tensor:
-    """Double-Q TD error [B] = target - q_tm1[a_tm1]; the target carries no gradient."""
+    """Double-Q TD errors [B, D] = target - q_tm1[a_tm1] per branch; the target carries no gradient.
+
+    Q values are [B, D, N], actions a_tm1 branch indices [B, D], r_t and discount_t [B].
+    """
     target = double_q_target(r_t, discount_t, q_t_online, q_t_target).detach()
-    return target - q_tm1.gather(-1, a_tm1.unsqueeze(-1)).squeeze(-1)
+    return target.unsqueeze(-1) - q_tm1.gather(-1, a_tm1.unsqueeze(-1)).squeeze(-1)
 
 
 def apex_epsilons(num_actors: int, base: float = 0.4, alpha: float = 7.0) -> list[float]:
@@ -103,33 +113,18 @@ def apex_epsilons(num_actors: int, base: float = 0.4, alpha: float = 7.0) -> lis
 
 
 class QNetwork(nn.Module):
-    """MLP from flattened observations to Q values [B, num_actions], optionally dueling."""
+    """Observations (a dict of leaf tensors) -> Q values [B, D, N_max], one dueling head per action branch."""
 
-    def __init__(self, obs_dim: int, num_actions: int, hidden_sizes: tuple[int, ...], dueling: bool = True):
+    def __init__(self, observation_space: gym.Space, branches: ActionBranches, config: DQNConfig):
         super().__init__()
-        layers: list[nn.Module] = []
-        width = obs_dim
-        for hidden in hidden_sizes:
-            layers += [nn.Linear(width, hidden), nn.ReLU()]
-            width = hidden
-        self.torso = nn.Sequential(*layers)
-        self.advantage = nn.Linear(width, num_actions)
-        self.value = nn.Linear(width, 1) if dueling else None
+        self.encoder = ObservationEncoder(observation_space, config.hidden_sizes, config.channel_order)
+        self.head = BranchingDuelingHead(self.encoder.output_dim, branches.sizes, config.dueling)
 
-    def forward(self, obs: Tensor) -> Tensor:
-        h = self.torso(obs.flatten(start_dim=1))
-        if self.value is None:
-            return self.advantage(h)
-        return dueling_combine(self.value(h).squeeze(-1), self.advantage(h))
+    def forward(self, obs: Mapping[str, Tensor]) -> Tensor:
+        return self.head(self.encoder(obs))
 
 
 # ---------------------------------------------------------------- algorithm
-
-
-def _resolve_device(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def _cpu_copy(t: Tensor) -> Tensor:
@@ -137,63 +132,64 @@ def _cpu_copy(t: Tensor) -> Tensor:
 
 
 class DQN:
-    """Ape-X DQN over a Box observation space and a Discrete action space."""
+    """Ape-X DQN over any supported observation space and discrete (possibly branched) actions."""
 
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: DQNConfig | None = None):
-        if not isinstance(observation_space, gym.spaces.Box):
-            raise TypeError(f"DQN needs a Box observation space, got {observation_space}")
-        if not isinstance(action_space, gym.spaces.Discrete):
-            raise TypeError(f"DQN needs a Discrete action space, got {action_space}")
+    name: ClassVar[str] = "dqn"
+    config_class: ClassVar[type] = DQNConfig
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: DQNConfig | None = None, *,
+                 device: str | torch.device = "cpu", seed: int = 0):
         self.config = config or DQNConfig()
-        self.obs_shape: tuple[int, ...] = tuple(observation_space.shape)
-        self.obs_dtype = np.dtype(observation_space.dtype)
-        self.num_actions = int(action_space.n)
-        self._action_start = int(action_space.start)
-        self.device = _resolve_device(self.config.device)
+        self.observation_space = observation_space
+        self.branches = action_branches(action_space)
+        self._obs_leaves = leaf_fields(observation_space)  # raises UnsupportedSpace naming the space
+        self.device = torch.device(device)
         self.num_updates = 0
-
-        obs_dim = int(np.prod(self.obs_shape, dtype=np.int64))
         with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
-            torch.manual_seed(self.config.seed)
-            self.online = QNetwork(obs_dim, self.num_actions, self.config.hidden_sizes, self.config.dueling)
-        self.target = QNetwork(obs_dim, self.num_actions, self.config.hidden_sizes, self.config.dueling)
+            torch.manual_seed(seed)
+            self.online = QNetwork(observation_space, self.branches, self.config)
+        self.target = QNetwork(observation_space, self.branches, self.config)
         self.target.load_state_dict(self.online.state_dict())
         self.target.requires_grad_(False)
         self.online.to(self.device)
         self.target.to(self.device)
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=self.config.lr)
-        self._rng = np.random.default_rng(self.config.seed)
-
-    @property
-    def n_step(self) -> int:
-        return self.config.n_step
-
-    @property
-    def gamma(self) -> float:
-        return self.config.gamma
+        self._rng = np.random.default_rng(seed)
+        self._sizes = np.asarray(self.branches.sizes)
 
     def transition_fields(self) -> TransitionFields:
-        """Observations keep the env's dtype (uint8 frames stay 4x smaller); the network casts them."""
-        obs_dtype = torch.from_numpy(np.empty(0, self.obs_dtype)).dtype
+        """One field per observation leaf in its own dtype (uint8 frames stay 4x smaller), then the
+        action (branch values, int64), n-step reward and discount, and the next observation."""
+        obs = {key: (shape, torch_dtype(dtype)) for key, (shape, dtype) in self._obs_leaves.items()}
         return {
-            "obs": (self.obs_shape, obs_dtype),
-            "action": ((), torch.int64),
+            **{field_name("obs", key): spec for key, spec in obs.items()},
+            "action": (self.branches.shape, torch.int64),
             "reward": ((), torch.float32),
             "discount": ((), torch.float32),
-            "next_obs": (self.obs_shape, obs_dtype),
+            **{field_name("next_obs", key): spec for key, spec in obs.items()},
         }
 
     # ------------------------------------------------------------ actor side
 
+    def make_assembler(self, num_envs: int) -> NStepAssembler:
+        return NStepAssembler(num_envs, self.config.n_step, self.config.gamma, self.observation_space,
+                              self.branches.shape, np.int64)
+
+    def exploration(self, actor_index: int, num_actors: int) -> float:
+        """Actor i's Ape-X epsilon."""
+        num_actors = max(num_actors, 1)
+        return apex_epsilons(num_actors, self.config.epsilon_base, self.config.epsilon_alpha)[actor_index % num_actors]
+
     @torch.no_grad()
-    def act(self, obs: np.ndarray, epsilon: np.ndarray | float) -> np.ndarray:
-        """Epsilon-greedy actions [E] (int64, in the env's action range); epsilon is per row or scalar."""
-        obs_t = torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device)
-        greedy = self.online(obs_t).argmax(dim=-1).cpu().numpy()
+    def act(self, obs: Any, exploration: np.ndarray | float) -> np.ndarray:
+        """Epsilon-greedy actions (all branches random together) in the env's action values."""
+        leaves = {key: torch.as_tensor(array, device=self.device)
+                  for key, array in leaf_arrays(self.observation_space, obs).items()}
+        greedy = self.online(leaves).argmax(dim=-1).cpu().numpy()  # [E, D]
         n = greedy.shape[0]
-        explore = self._rng.random(n) < np.broadcast_to(np.asarray(epsilon, dtype=np.float64), (n,))
-        random_actions = self._rng.integers(self.num_actions, size=n)
-        return np.where(explore, random_actions, greedy).astype(np.int64) + self._action_start
+        explore = self._rng.random(n) < np.broadcast_to(np.asarray(exploration, dtype=np.float64), (n,))
+        random_actions = (self._rng.random(greedy.shape) * self._sizes).astype(np.int64)
+        return self.branches.from_indices(np.where(explore[:, None], random_actions, greedy))
 
     @torch.no_grad()
     def initial_priorities(self, fields: Mapping[str, Tensor]) -> Tensor:
@@ -201,12 +197,12 @@ class DQN:
         obs, a_tm1, r_t, discount_t, next_obs = self._unpack(fields)
         q_t = self.online(next_obs)
         td = double_q_learning(self.online(obs), a_tm1, r_t, discount_t, q_t, q_t)
-        return td.abs() + self.config.priority_eps
+        return td.abs().mean(dim=-1) + self.config.priority_eps
 
     # ------------------------------------------------------------ learner side
 
     def update(self, sample: SampleLike) -> tuple[Tensor, dict[str, float]]:
-        """One Adam step on the IS-weighted Huber loss; returns (|TD| + eps [B], metrics)."""
+        """One Adam step on the IS-weighted Huber loss (mean over branches); returns (|TD| + eps [B], metrics)."""
         obs, a_tm1, r_t, discount_t, next_obs = self._unpack(sample.data)
         weights = torch.as_tensor(sample.weights, device=self.device, dtype=torch.float32)
 
@@ -214,8 +210,8 @@ class DQN:
         with torch.no_grad():
             q_t_online = self.online(next_obs)
             q_t_target = self.target(next_obs)
-        td = double_q_learning(q_tm1, a_tm1, r_t, discount_t, q_t_online, q_t_target)
-        loss = (weights * huber(td, self.config.huber_delta)).mean()
+        td = double_q_learning(q_tm1, a_tm1, r_t, discount_t, q_t_online, q_t_target)  # [B, D]
+        loss = (weights * huber(td, self.config.huber_delta).mean(dim=-1)).mean()
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -225,24 +221,24 @@ class DQN:
         if self.num_updates % self.config.target_update_period == 0:
             self._sync_target()
 
-        td = td.detach()
+        td_abs = td.detach().abs().mean(dim=-1)
         q_taken = q_tm1.detach().gather(-1, a_tm1.unsqueeze(-1)).squeeze(-1)
         # One device sync for all metrics.
-        values = torch.stack([loss.detach(), td.abs().mean(), q_taken.mean(), grad_norm.detach()]).tolist()
+        values = torch.stack([loss.detach(), td_abs.mean(), q_taken.mean(), grad_norm.detach()]).tolist()
         metrics = dict(zip(("losses/td_loss", "losses/td_abs", "losses/q_values", "losses/grad_norm"), values))
-        return td.abs() + self.config.priority_eps, metrics
+        return td_abs + self.config.priority_eps, metrics
 
-    def _unpack(self, fields: Mapping[str, Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        def get(name: str, dtype: torch.dtype) -> Tensor:
-            return torch.as_tensor(fields[name], device=self.device).to(dtype)
+    def _unpack(self, fields: Mapping[str, Tensor]):
+        """(obs leaves, branch indices [B, D], reward, discount, next-obs leaves) on the device."""
+        def get(name: str) -> Tensor:
+            return torch.as_tensor(fields[name], device=self.device)
 
-        a_tm1 = get("action", torch.int64) - self._action_start
         return (
-            get("obs", torch.float32),
-            a_tm1,
-            get("reward", torch.float32),
-            get("discount", torch.float32),
-            get("next_obs", torch.float32),
+            {key: get(field_name("obs", key)) for key in self._obs_leaves},
+            self.branches.to_indices(get("action")),
+            get("reward").float(),
+            get("discount").float(),
+            {key: get(field_name("next_obs", key)) for key in self._obs_leaves},
         )
 
     @torch.no_grad()
@@ -296,7 +292,7 @@ class DQN:
         self.num_updates = int(state["num_updates"])
 
     def to(self, device: str | torch.device) -> DQN:
-        self.device = _resolve_device(device)
+        self.device = torch.device(device)
         self.online.to(self.device)
         self.target.to(self.device)
         for slots in self.optimizer.state.values():
@@ -313,6 +309,5 @@ __all__ = [
     "apex_epsilons",
     "double_q_learning",
     "double_q_target",
-    "dueling_combine",
     "huber",
 ]

@@ -1,5 +1,8 @@
 """N-step transition assembly for a gymnasium vector env in NEXT_STEP autoreset mode.
 
+Observations of any supported space travel as one field per leaf (``obs``, ``obs/camera``
+...; see ``actorlearner.networks.leaves``), in their own dtypes.
+
 Each real env step starts one window; a window is emitted once it holds `n_step` rewards,
 or early when its episode ends. Emitted transitions carry the discounted reward sum
 r_t + g r_{t+1} + ..., `discount` = g**k for the k steps summed (0.0 when the episode
@@ -14,7 +17,10 @@ flags False. The assembler remembers which envs ended and produces nothing from 
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
+
+from actorlearner.networks.leaves import field_name, leaf_arrays, leaf_fields
 
 
 class NStepAssembler:
@@ -25,24 +31,23 @@ class NStepAssembler:
         num_envs: int,
         n_step: int,
         gamma: float,
-        obs_shape: tuple[int, ...],
+        observation_space: gym.Space,
         action_shape: tuple[int, ...] = (),
         action_dtype: np.dtype | type = np.int64,
-        obs_dtype: np.dtype | type = np.float32,
     ):
         if n_step < 1:
             raise ValueError(f"n_step must be >= 1, got {n_step}")
         self.num_envs = num_envs
         self.n_step = n_step
         self.gamma = float(gamma)
-        self.obs_shape = tuple(obs_shape)
-        self.obs_dtype = np.dtype(obs_dtype)
-        self._obs = np.zeros((num_envs, n_step, *self.obs_shape), self.obs_dtype)
+        self.observation_space = observation_space
+        leaves = leaf_fields(observation_space)
+        self._obs = {key: np.zeros((num_envs, n_step, *shape), dtype) for key, (shape, dtype) in leaves.items()}
+        self._last_next_obs = {key: np.zeros((num_envs, *shape), dtype) for key, (shape, dtype) in leaves.items()}
         self._action = np.zeros((num_envs, n_step, *action_shape), action_dtype)
         self._reward = np.zeros((num_envs, n_step), np.float64)
         self._count = np.zeros(num_envs, np.int64)  # pending windows per env, oldest at slot 0
         self._autoreset = np.zeros(num_envs, np.bool_)  # env ended last step; its next step is a reset
-        self._last_next_obs = np.zeros((num_envs, *self.obs_shape), self.obs_dtype)
 
     @property
     def pending(self) -> np.ndarray:
@@ -56,28 +61,31 @@ class NStepAssembler:
 
     def push(
         self,
-        obs: np.ndarray,
+        obs,
         action: np.ndarray,
         reward: np.ndarray,
         terminated: np.ndarray,
         truncated: np.ndarray,
-        next_obs: np.ndarray,
+        next_obs,
     ) -> dict[str, np.ndarray] | None:
-        """Record one vector step (obs is what the actions were chosen on); returns completed transitions."""
+        """Record one vector step (obs is what the actions were chosen on, both as the vector env
+        returns them); returns completed transitions."""
         terminated = np.asarray(terminated, np.bool_)
         truncated = np.asarray(truncated, np.bool_)
-        next_obs = np.asarray(next_obs, self.obs_dtype)
+        obs = leaf_arrays(self.observation_space, obs)
+        next_obs = leaf_arrays(self.observation_space, next_obs)
         live = ~self._autoreset  # envs whose step was a real env step, not an autoreset
         ended = live & (terminated | truncated)
         self._autoreset = ended
 
         envs = np.flatnonzero(live)
         slot = self._count[envs]
-        self._obs[envs, slot] = np.asarray(obs, self.obs_dtype)[envs]
+        for key, buf in self._obs.items():
+            buf[envs, slot] = obs[key][envs]
+            self._last_next_obs[key][envs] = next_obs[key][envs]
         self._action[envs, slot] = np.asarray(action)[envs]
         self._reward[envs, slot] = np.asarray(reward, np.float64)[envs]
         self._count[envs] += 1
-        self._last_next_obs[envs] = next_obs[envs]
 
         full = live & ~ended & (self._count == self.n_step)
         out = self._emit(ended, full, live & terminated, next_obs)
@@ -85,7 +93,7 @@ class NStepAssembler:
         self._count[ended] = 0
         shift = np.flatnonzero(full)  # drop the emitted oldest window
         if shift.size:
-            for buf in (self._obs, self._action, self._reward):
+            for buf in (*self._obs.values(), self._action, self._reward):
                 buf[shift, :-1] = buf[shift, 1:]
             self._count[shift] -= 1
         return out
@@ -97,22 +105,19 @@ class NStepAssembler:
         self._count[:] = 0
         return out
 
-    def rebuild(self, n_step: int, gamma: float) -> tuple[NStepAssembler, dict[str, np.ndarray] | None]:
-        """Flush this assembler and return one for new settings that continues the same episodes.
+    def inherit(self, previous: NStepAssembler) -> None:
+        """Continue the episodes ``previous`` (flushed, of other settings) was assembling.
 
-        The flushed windows are ordinary truncated transitions (their `discount` carries the
-        old gamma**k), so every env step still starts exactly one transition. The new
-        assembler inherits which envs are about to autoreset, so those reset steps still
+        The flushed windows were ordinary truncated transitions (their `discount` carries
+        the old gamma**k), so every env step still starts exactly one transition. This
+        assembler takes over which envs are about to autoreset, so those reset steps still
         produce nothing.
         """
-        flushed = self.flush()
-        fresh = NStepAssembler(self.num_envs, n_step, gamma, self.obs_shape, self._action.shape[2:],
-                               self._action.dtype, self.obs_dtype)
-        fresh._autoreset[:] = self._autoreset
-        return fresh, flushed
+        self._autoreset[:] = previous._autoreset
 
     def _emit(
-        self, all_windows: np.ndarray, oldest_window: np.ndarray, terminated: np.ndarray, next_obs: np.ndarray
+        self, all_windows: np.ndarray, oldest_window: np.ndarray, terminated: np.ndarray,
+        next_obs: dict[str, np.ndarray],
     ) -> dict[str, np.ndarray] | None:
         """Transitions for all pending windows of `all_windows` envs and the oldest one of `oldest_window` envs."""
         start = np.arange(self.n_step)
@@ -129,9 +134,9 @@ class NStepAssembler:
         reward_sum = (self._reward[env_idx] * weights).sum(axis=1)
         discount = np.where(terminated[env_idx], 0.0, self.gamma ** (count - start_idx))
         return {
-            "obs": self._obs[env_idx, start_idx],
+            **{field_name("obs", key): buf[env_idx, start_idx] for key, buf in self._obs.items()},
             "action": self._action[env_idx, start_idx],
             "reward": reward_sum.astype(np.float32),
             "discount": discount.astype(np.float32),
-            "next_obs": next_obs[env_idx].astype(self.obs_dtype, copy=True),
+            **{field_name("next_obs", key): buf[env_idx] for key, buf in next_obs.items()},
         }

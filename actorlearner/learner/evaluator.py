@@ -39,6 +39,11 @@ def episode_shares(episodes: int, num_envs: int) -> list[int]:
     return [base + (i < extra) for i in range(num_envs)]
 
 
+def _batch(space: gym.Space, items: list):
+    """Single observations of ``space`` stacked as a vector env of ``len(items)`` would return them."""
+    return gym.vector.utils.concatenate(space, items, gym.vector.utils.create_empty_array(space, len(items)))
+
+
 def evaluate(
     policy_act: Callable[[np.ndarray], np.ndarray],
     make_env: Callable[[], gym.Env],
@@ -48,8 +53,8 @@ def evaluate(
 ) -> EvalResult:
     """Run ``episodes`` greedy episodes over ``num_envs`` envs and summarize their returns.
 
-    ``policy_act`` maps a batch of observations ``[k, *obs_shape]`` (the envs still
-    running) to actions ``[k]``. Env ``i`` is reset with ``seed + i`` once, then continues
+    ``policy_act`` maps a batch of observations of the envs still running (batched as a
+    vector env batches them: arrays ``[k, ...]``, dicts and tuples of them) to actions ``[k, ...]``. Env ``i`` is reset with ``seed + i`` once, then continues
     its own RNG. Envs with no share (``num_envs > episodes``) are not created.
     """
     shares = [s for s in episode_shares(episodes, num_envs) if s > 0]
@@ -64,7 +69,7 @@ def evaluate(
         episode_length = [0] * len(envs)
         active = list(range(len(envs)))
         while active:
-            actions = np.asarray(policy_act(np.stack([obs[i] for i in active])))
+            actions = np.asarray(policy_act(_batch(envs[0].observation_space, [obs[i] for i in active])))
             if actions.shape[:1] != (len(active),):
                 raise ValueError(f"policy_act returned shape {actions.shape} for {len(active)} observations")
             still_active = []

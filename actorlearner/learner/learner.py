@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import math
 import threading
@@ -15,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from actorlearner import specs, telemetry, wire
-from actorlearner.algorithms import make_algorithm
+from actorlearner.algorithms import config_json, make_config, resolve
 from actorlearner.config import LearnerConfig
 from actorlearner.envs import make_env
 from actorlearner.learner.broadcast import PolicyBroadcast
@@ -73,6 +71,17 @@ class Refusal:
     reason: str
 
 
+def field_specs(fields: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> list[pb.FieldSpec]:
+    """Replay or policy fields as FieldSpecs, in their order."""
+    return [pb.FieldSpec(name=name, dtype=wire.np_dtype(dtype).name, shape=list(shape))
+            for name, (shape, dtype) in fields.items()]
+
+
+def _describe_fields(fields) -> str:
+    """FieldSpecs for a message: name:dtype[shape], comma-separated."""
+    return ", ".join(f"{f.name}:{f.dtype}{list(f.shape)}" for f in fields)
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto`` is cuda when there is one; asking for cuda without one falls back to cpu with a warning."""
     if name == "auto":
@@ -103,13 +112,16 @@ class Learner:
         self.env_spec = specs.env_spec(config.env, env.observation_space, env.action_space)
         self.observation_space, self.action_space = env.observation_space, env.action_space
         env.close()
-        algo_config = dataclasses.replace(config.dqn, device=str(self.device), seed=config.seed)
-        self.algorithm = make_algorithm(config.algorithm, self.observation_space, self.action_space, algo_config)
+        algorithm_class = resolve(config.algorithm)
+        self.algorithm_config = make_config(algorithm_class, config.algorithm_config)
+        self.algorithm = algorithm_class(self.observation_space, self.action_space, self.algorithm_config,
+                                         device=self.device, seed=config.seed)
         self.fields = self.algorithm.transition_fields()
+        self.batch_fields = field_specs(self.fields)
         # Built now, not per evaluation: building a network on the evaluator's thread would
         # reseed and advance the generator the trainer samples with.
-        self._eval_policy = make_algorithm(config.algorithm, self.observation_space, self.action_space,
-                                           dataclasses.replace(config.dqn, device="cpu", seed=config.seed))
+        self._eval_policy = algorithm_class(self.observation_space, self.action_space, self.algorithm_config,
+                                            device="cpu", seed=config.seed)
         self.replay = PrioritizedReplay(config.replay_capacity, self.fields, alpha=config.alpha, beta=config.beta,
                                         beta_steps=config.beta_steps, device=self.device)
         self.limiter = RateLimiter(config.min_replay_size, config.samples_per_insert, config.rate_error_buffer)
@@ -145,18 +157,32 @@ class Learner:
     # -- streams ---------------------------------------------------------------------------
 
     def check_hello(self, hello: pb.Hello) -> Refusal | None:
-        """Refuse a stream whose protocol, algorithm or env spec differs from ours."""
+        """Refuse a stream whose protocol or env spec differs from ours, or whose actor holds a
+        policy or batches of another algorithm or batch layout."""
         if not hello.actor_id:
             return Refusal("INVALID_ARGUMENT", "Hello.actor_id must not be empty")
         if hello.protocol_version != wire.PROTOCOL_VERSION:
             return Refusal("FAILED_PRECONDITION", f"protocol version {hello.protocol_version} is not supported; "
                                                   f"this learner speaks {wire.PROTOCOL_VERSION}")
-        if hello.algorithm != self.config.algorithm:
-            return Refusal("FAILED_PRECONDITION", f"algorithm {hello.algorithm!r} != learner's {self.config.algorithm!r}")
         mismatch = specs.spec_mismatch(self.env_spec, hello.env_spec)
         if mismatch:
             return Refusal("FAILED_PRECONDITION", f"env spec differs from the learner's ({self.config.env}): {mismatch}")
+        if hello.algorithm and hello.algorithm != self.config.algorithm:
+            return Refusal("FAILED_PRECONDITION", f"the actor holds a policy and batches of algorithm "
+                                                  f"{hello.algorithm!r}; this learner runs {self.config.algorithm!r}: "
+                                                  "restart the actor to follow it")
+        if hello.batch_fields and list(hello.batch_fields) != self.batch_fields:
+            return Refusal("FAILED_PRECONDITION", f"the actor holds batches with fields "
+                                                  f"{_describe_fields(hello.batch_fields)}; this learner expects "
+                                                  f"{_describe_fields(self.batch_fields)}: restart the actor")
         return None
+
+    def spec(self) -> pb.LearnerSpec:
+        """What an actor must send and will receive (the ``GetSpec`` answer)."""
+        policy = field_specs({name: (tuple(t.shape), t.dtype) for name, t in self._eval_policy.policy_state_dict().items()})
+        return pb.LearnerSpec(protocol_version=wire.PROTOCOL_VERSION, env_spec=self.env_spec,
+                              algorithm=self.config.algorithm, algorithm_config=config_json(self.algorithm_config),
+                              batch_fields=self.batch_fields, policy=policy)
 
     def connect(self, hello: pb.Hello) -> ActorStream:
         """Open a stream for an actor id (known or new); while connected it holds a distinct Ape-X index."""
@@ -209,12 +235,12 @@ class Learner:
         """The settings an actor must use, and ``version``, the policy it receives next."""
         c = self.config
         settings = pb.Settings(
-            n_step=self.algorithm.n_step, gamma=self.algorithm.gamma, batch_size=c.actor_batch_size,
-            max_unacked=c.max_unacked, codec=int(wire.Codec.parse(c.codec)), actor_priorities=c.actor_priorities,
-            epsilon_base=c.epsilon_base, epsilon_alpha=c.epsilon_alpha, num_actors=max(c.num_actors, 1),
-            actor_index=stream.record.index, max_message_bytes=c.max_message_bytes,
-            algorithm_config=json.dumps(dataclasses.asdict(c.dqn)))
-        return pb.Welcome(learner_id=self.learner_id, policy_version=version, settings=settings)
+            batch_size=c.actor_batch_size, max_unacked=c.max_unacked, codec=int(wire.Codec.parse(c.codec)),
+            actor_priorities=c.actor_priorities, num_actors=max(c.num_actors, 1), actor_index=stream.record.index,
+            max_message_bytes=c.max_message_bytes, algorithm=c.algorithm,
+            algorithm_config=config_json(self.algorithm_config))
+        return pb.Welcome(learner_id=self.learner_id, policy_version=version, settings=settings,
+                          batch_fields=self.batch_fields)
 
     def ingest(self, stream: ActorStream, batch: pb.TrajectoryBatch) -> bool:
         """Validate and insert a batch unless its seq was stored; True if inserted, False if a duplicate.

@@ -121,6 +121,9 @@ class LearnerService(pb_grpc.LearnerServicer):
     def GetStatus(self, request, context):
         return self.learner.status()
 
+    def GetSpec(self, request, context):
+        return self.learner.spec()
+
     def _read(self, request_iterator, session: Session) -> None:
         """Consume the actor's messages until it half-closes, sends a bad one, or the stream ends.
 
@@ -208,6 +211,9 @@ def add_learner_service(service: LearnerService, server: grpc.Server) -> None:
         "GetStatus": grpc.unary_unary_rpc_method_handler(
             service.GetStatus, request_deserializer=pb.StatusRequest.FromString,
             response_serializer=pb.StatusResponse.SerializeToString),
+        "GetSpec": grpc.unary_unary_rpc_method_handler(
+            service.GetSpec, request_deserializer=pb.LearnerSpecRequest.FromString,
+            response_serializer=pb.LearnerSpec.SerializeToString),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
     server.add_registered_method_handlers(name, handlers)

@@ -1,3 +1,4 @@
+from actorlearner.v1 import env_pb2 as _env_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -16,45 +17,45 @@ CODEC_UNSPECIFIED: Codec
 CODEC_MSGPACK: Codec
 CODEC_MSGPACK_ZLIB: Codec
 
-class TensorSpec(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "low", "high")
-    NAME_FIELD_NUMBER: _ClassVar[int]
-    DTYPE_FIELD_NUMBER: _ClassVar[int]
-    SHAPE_FIELD_NUMBER: _ClassVar[int]
-    LOW_FIELD_NUMBER: _ClassVar[int]
-    HIGH_FIELD_NUMBER: _ClassVar[int]
-    name: str
-    dtype: str
-    shape: _containers.RepeatedScalarFieldContainer[int]
-    low: _containers.RepeatedScalarFieldContainer[float]
-    high: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., low: _Optional[_Iterable[float]] = ..., high: _Optional[_Iterable[float]] = ...) -> None: ...
-
-class DiscreteSpec(_message.Message):
-    __slots__ = ("n", "start")
-    N_FIELD_NUMBER: _ClassVar[int]
-    START_FIELD_NUMBER: _ClassVar[int]
-    n: int
-    start: int
-    def __init__(self, n: _Optional[int] = ..., start: _Optional[int] = ...) -> None: ...
-
-class ActionSpec(_message.Message):
-    __slots__ = ("discrete", "box")
-    DISCRETE_FIELD_NUMBER: _ClassVar[int]
-    BOX_FIELD_NUMBER: _ClassVar[int]
-    discrete: DiscreteSpec
-    box: TensorSpec
-    def __init__(self, discrete: _Optional[_Union[DiscreteSpec, _Mapping]] = ..., box: _Optional[_Union[TensorSpec, _Mapping]] = ...) -> None: ...
-
 class EnvSpec(_message.Message):
     __slots__ = ("env_id", "observation", "action")
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     env_id: str
-    observation: TensorSpec
-    action: ActionSpec
-    def __init__(self, env_id: _Optional[str] = ..., observation: _Optional[_Union[TensorSpec, _Mapping]] = ..., action: _Optional[_Union[ActionSpec, _Mapping]] = ...) -> None: ...
+    observation: _env_pb2.Space
+    action: _env_pb2.Space
+    def __init__(self, env_id: _Optional[str] = ..., observation: _Optional[_Union[_env_pb2.Space, _Mapping]] = ..., action: _Optional[_Union[_env_pb2.Space, _Mapping]] = ...) -> None: ...
+
+class FieldSpec(_message.Message):
+    __slots__ = ("name", "dtype", "shape")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LearnerSpecRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LearnerSpec(_message.Message):
+    __slots__ = ("protocol_version", "env_spec", "algorithm", "algorithm_config", "batch_fields", "policy")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENV_SPEC_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    env_spec: EnvSpec
+    algorithm: str
+    algorithm_config: str
+    batch_fields: _containers.RepeatedCompositeFieldContainer[FieldSpec]
+    policy: _containers.RepeatedCompositeFieldContainer[FieldSpec]
+    def __init__(self, protocol_version: _Optional[int] = ..., env_spec: _Optional[_Union[EnvSpec, _Mapping]] = ..., algorithm: _Optional[str] = ..., algorithm_config: _Optional[str] = ..., batch_fields: _Optional[_Iterable[_Union[FieldSpec, _Mapping]]] = ..., policy: _Optional[_Iterable[_Union[FieldSpec, _Mapping]]] = ...) -> None: ...
 
 class ActorMessage(_message.Message):
     __slots__ = ("hello", "batch", "episode_stats")
@@ -67,18 +68,20 @@ class ActorMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., batch: _Optional[_Union[TrajectoryBatch, _Mapping]] = ..., episode_stats: _Optional[_Union[EpisodeStats, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("actor_id", "protocol_version", "env_spec", "algorithm", "policy_version")
+    __slots__ = ("actor_id", "protocol_version", "env_spec", "algorithm", "batch_fields", "policy_version")
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENV_SPEC_FIELD_NUMBER: _ClassVar[int]
     ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELDS_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     actor_id: str
     protocol_version: int
     env_spec: EnvSpec
     algorithm: str
+    batch_fields: _containers.RepeatedCompositeFieldContainer[FieldSpec]
     policy_version: int
-    def __init__(self, actor_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., env_spec: _Optional[_Union[EnvSpec, _Mapping]] = ..., algorithm: _Optional[str] = ..., policy_version: _Optional[int] = ...) -> None: ...
+    def __init__(self, actor_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., env_spec: _Optional[_Union[EnvSpec, _Mapping]] = ..., algorithm: _Optional[str] = ..., batch_fields: _Optional[_Iterable[_Union[FieldSpec, _Mapping]]] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class TrajectoryBatch(_message.Message):
     __slots__ = ("seq", "policy_version", "num_transitions", "payload", "codec", "priorities")
@@ -121,42 +124,38 @@ class LearnerMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., policy_update: _Optional[_Union[PolicyUpdate, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ...) -> None: ...
 
 class Settings(_message.Message):
-    __slots__ = ("n_step", "gamma", "batch_size", "max_unacked", "codec", "actor_priorities", "epsilon_base", "epsilon_alpha", "num_actors", "actor_index", "max_message_bytes", "algorithm_config")
-    N_STEP_FIELD_NUMBER: _ClassVar[int]
-    GAMMA_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("batch_size", "max_unacked", "codec", "actor_priorities", "num_actors", "actor_index", "max_message_bytes", "algorithm_config", "algorithm")
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_UNACKED_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
     ACTOR_PRIORITIES_FIELD_NUMBER: _ClassVar[int]
-    EPSILON_BASE_FIELD_NUMBER: _ClassVar[int]
-    EPSILON_ALPHA_FIELD_NUMBER: _ClassVar[int]
     NUM_ACTORS_FIELD_NUMBER: _ClassVar[int]
     ACTOR_INDEX_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     ALGORITHM_CONFIG_FIELD_NUMBER: _ClassVar[int]
-    n_step: int
-    gamma: float
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     batch_size: int
     max_unacked: int
     codec: Codec
     actor_priorities: bool
-    epsilon_base: float
-    epsilon_alpha: float
     num_actors: int
     actor_index: int
     max_message_bytes: int
     algorithm_config: str
-    def __init__(self, n_step: _Optional[int] = ..., gamma: _Optional[float] = ..., batch_size: _Optional[int] = ..., max_unacked: _Optional[int] = ..., codec: _Optional[_Union[Codec, str]] = ..., actor_priorities: _Optional[bool] = ..., epsilon_base: _Optional[float] = ..., epsilon_alpha: _Optional[float] = ..., num_actors: _Optional[int] = ..., actor_index: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., algorithm_config: _Optional[str] = ...) -> None: ...
+    algorithm: str
+    def __init__(self, batch_size: _Optional[int] = ..., max_unacked: _Optional[int] = ..., codec: _Optional[_Union[Codec, str]] = ..., actor_priorities: _Optional[bool] = ..., num_actors: _Optional[int] = ..., actor_index: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., algorithm_config: _Optional[str] = ..., algorithm: _Optional[str] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("learner_id", "policy_version", "settings")
+    __slots__ = ("learner_id", "policy_version", "settings", "batch_fields")
     LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELDS_FIELD_NUMBER: _ClassVar[int]
     learner_id: str
     policy_version: int
     settings: Settings
-    def __init__(self, learner_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ...) -> None: ...
+    batch_fields: _containers.RepeatedCompositeFieldContainer[FieldSpec]
+    def __init__(self, learner_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ..., batch_fields: _Optional[_Iterable[_Union[FieldSpec, _Mapping]]] = ...) -> None: ...
 
 class PolicyUpdate(_message.Message):
     __slots__ = ("version", "chunk_index", "chunk_count", "total_bytes", "payload")

@@ -45,6 +45,11 @@ class LearnerStub:
                 request_serializer=actorlearner_dot_v1_dot_learner__pb2.StatusRequest.SerializeToString,
                 response_deserializer=actorlearner_dot_v1_dot_learner__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.GetSpec = channel.unary_unary(
+                '/actorlearner.v1.Learner/GetSpec',
+                request_serializer=actorlearner_dot_v1_dot_learner__pb2.LearnerSpecRequest.SerializeToString,
+                response_deserializer=actorlearner_dot_v1_dot_learner__pb2.LearnerSpec.FromString,
+                _registered_method=True)
 
 
 class LearnerServicer:
@@ -65,6 +70,13 @@ class LearnerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSpec(self, request, context):
+        """What an actor must send and will receive; needs no stream (same credentials).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LearnerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +89,11 @@ def add_LearnerServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=actorlearner_dot_v1_dot_learner__pb2.StatusRequest.FromString,
                     response_serializer=actorlearner_dot_v1_dot_learner__pb2.StatusResponse.SerializeToString,
+            ),
+            'GetSpec': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSpec,
+                    request_deserializer=actorlearner_dot_v1_dot_learner__pb2.LearnerSpecRequest.FromString,
+                    response_serializer=actorlearner_dot_v1_dot_learner__pb2.LearnerSpec.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -134,6 +151,33 @@ class Learner:
             '/actorlearner.v1.Learner/GetStatus',
             actorlearner_dot_v1_dot_learner__pb2.StatusRequest.SerializeToString,
             actorlearner_dot_v1_dot_learner__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSpec(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/actorlearner.v1.Learner/GetSpec',
+            actorlearner_dot_v1_dot_learner__pb2.LearnerSpecRequest.SerializeToString,
+            actorlearner_dot_v1_dot_learner__pb2.LearnerSpec.FromString,
             options,
             channel_credentials,
             insecure,

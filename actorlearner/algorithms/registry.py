@@ -1,0 +1,79 @@
+"""Algorithms by name: a registered one (``dqn``) or a user's own as ``package.module:Name``.
+
+The learner, the actors, ``run`` and the config resolve ``--algorithm`` (and the name in a
+Welcome's settings) here, and know nothing else about any algorithm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from actorlearner.algorithms.base import Algorithm
+
+REGISTERED = {"dqn": "actorlearner.algorithms.dqn:DQN"}
+"""Registered algorithm names -> ``module:Class``; imported only when named."""
+
+_REQUIRED = ("name", "config_class", "transition_fields", "make_assembler", "exploration", "act",
+             "initial_priorities", "update", "policy_state_dict", "load_policy_state_dict", "state_dict",
+             "load_state_dict", "to")
+
+
+class AlgorithmError(ValueError):
+    """An algorithm name that resolves to nothing usable, or a config it cannot take."""
+
+
+def resolve(name: str) -> type[Algorithm]:
+    """The algorithm class ``name`` stands for; AlgorithmError saying why when there is none."""
+    target = REGISTERED.get(name.lower(), name)
+    module_name, colon, attribute = target.partition(":")
+    if not colon or not module_name or not attribute:
+        raise AlgorithmError(f"unknown algorithm {name!r}: use one of {', '.join(REGISTERED)} "
+                             "or package.module:Name")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise AlgorithmError(f"algorithm {name!r}: cannot import {module_name}: {exc}") from None
+    cls = getattr(module, attribute, None)
+    if cls is None:
+        raise AlgorithmError(f"algorithm {name!r}: {module_name} has no {attribute}")
+    missing = [member for member in _REQUIRED if not hasattr(cls, member)]
+    if missing or not dataclasses.is_dataclass(getattr(cls, "config_class", None)):
+        what = f"lacks {', '.join(missing)}" if missing else "has no config_class dataclass"
+        raise AlgorithmError(f"algorithm {name!r}: {attribute} is not an Algorithm: it {what}")
+    return cls
+
+
+def make_config(cls: type[Algorithm], values: Any = None) -> Any:
+    """``cls``'s config from None (defaults), a mapping of fields, or an instance."""
+    if values is None:
+        return cls.config_class()
+    if isinstance(values, cls.config_class):
+        return values
+    if isinstance(values, Mapping):
+        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls.config_class)})
+        if unknown:
+            raise AlgorithmError(f"{cls.name} has no option {', '.join(unknown)}")
+        try:
+            return cls.config_class(**values)
+        except (TypeError, ValueError) as exc:
+            raise AlgorithmError(f"{cls.name} config: {exc}") from None
+    raise AlgorithmError(f"{cls.name} wants a {cls.config_class.__name__} or a mapping, got {type(values).__name__}")
+
+
+def config_json(config: Any) -> str:
+    """A config dataclass as the JSON object ``Settings.algorithm_config`` carries."""
+    return json.dumps(dataclasses.asdict(config), sort_keys=True)
+
+
+def make_algorithm(name: str, observation_space: gym.Space, action_space: gym.Space, config: Any = None, *,
+                   device: str | torch.device = "cpu", seed: int = 0) -> Algorithm:
+    """Build algorithm ``name`` for these spaces; ``config`` as `make_config` takes it."""
+    cls = resolve(name)
+    return cls(observation_space, action_space, make_config(cls, config), device=device, seed=seed)
