@@ -1,4 +1,7 @@
-"""Regenerate the README's option tables from the config dataclasses: ``python -m actorlearner.docs``."""
+"""Regenerate the README's option tables from the config dataclasses: ``python -m actorlearner.docs``.
+
+One table per command and one per registered algorithm (its options, prefixed with its name).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import sys
 from pathlib import Path
 
 from actorlearner import config as cfg
+from actorlearner.algorithms import registry
 
 SECTIONS = {"learner": cfg.LearnerConfig, "actor": cfg.ActorConfig, "env-server": cfg.EnvServerConfig,
             "run": cfg.RunConfig}
@@ -14,8 +18,12 @@ SECTIONS = {"learner": cfg.LearnerConfig, "actor": cfg.ActorConfig, "env-server"
 
 def render(readme: str) -> str:
     """``readme`` with every ``<!-- options:NAME -->`` block replaced by the current table."""
-    for name, config_class in SECTIONS.items():
-        block = f"<!-- options:{name} -->\n{cfg.markdown_table(config_class)}\n<!-- /options:{name} -->"
+    tables = {name: cfg.markdown_table(config_class) for name, config_class in SECTIONS.items()}
+    for name in registry.REGISTERED:
+        algorithm = registry.resolve(name)
+        tables[name] = cfg.markdown_table(algorithm.config_class, f"{algorithm.name}-")
+    for name, table in tables.items():
+        block = f"<!-- options:{name} -->\n{table}\n<!-- /options:{name} -->"
         readme = re.sub(rf"<!-- options:{name} -->.*?<!-- /options:{name} -->", lambda _: block, readme, flags=re.S)
     return readme
 

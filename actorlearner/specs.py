@@ -19,8 +19,13 @@ from actorlearner.v1 import env_pb2, learner_pb2
 def env_spec(env_id: str, observation_space: spaces.Space, action_space: spaces.Space) -> learner_pb2.EnvSpec:
     """The EnvSpec an actor sends in Hello and the learner compares with its own; ValueError naming
     a space env.proto cannot describe."""
-    return learner_pb2.EnvSpec(env_id=env_id, observation=space_to_proto(observation_space),
-                               action=space_to_proto(action_space))
+    messages = {}
+    for role, space in (("observation", observation_space), ("action", action_space)):
+        try:
+            messages[role] = space_to_proto(space)
+        except ValueError as exc:
+            raise ValueError(f"{role} {exc}") from None
+    return learner_pb2.EnvSpec(env_id=env_id, **messages)
 
 
 def spaces_from_spec(spec: learner_pb2.EnvSpec) -> tuple[spaces.Space, spaces.Space]:
@@ -75,8 +80,17 @@ def _differences(want: spaces.Space, have: spaces.Space, path: str, out: list[st
         out.append(f"{path} dtype {want.dtype} != {have.dtype}")
     if want.shape != have.shape:
         out.append(f"{path} shape {want.shape} != {have.shape}")
-    elif want != have:
+    elif not _same_values(want, have):
         out.append(f"{path} {_describe(want)} != {_describe(have)}")
+
+
+def _same_values(want: spaces.Space, have: spaces.Space) -> bool:
+    """Exact equality of what defines a leaf space besides dtype and shape (gymnasium's == is approximate)."""
+    names = {spaces.Box: ("low", "high"), spaces.Discrete: ("n", "start"),
+             spaces.MultiDiscrete: ("nvec", "start"), spaces.MultiBinary: ()}.get(type(want))
+    if names is None:
+        return want == have
+    return all(np.array_equal(getattr(want, name), getattr(have, name)) for name in names)
 
 
 def _describe(space: spaces.Space) -> str:

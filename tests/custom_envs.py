@@ -173,6 +173,36 @@ def dict_walk() -> gym.Env:
     return DictWalkEnv()
 
 
+def frozen_lake() -> gym.Env:
+    """FrozenLake-v1 without slipping: a Discrete(16) observation, solved with return 1.0."""
+    return gym.make("FrozenLake-v1", is_slippery=False)
+
+
+class TextObservationEnv(gym.Env):
+    """An env whose observation is text: no algorithm here learns from it, and the learner says so."""
+
+    observation_space = spaces.Text(8)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return "start", {}
+
+    def step(self, action):
+        return "step", 0.0, True, False, {}
+
+
+def text_observation() -> gym.Env:
+    return TextObservationEnv()
+
+
+def dict_action() -> gym.Env:
+    """DictWalkEnv with its actions wrapped in a Dict: a space DQN cannot act in."""
+    env = DictWalkEnv()
+    env.action_space = spaces.Dict({"move": env.action_space})
+    return env
+
+
 def failing() -> gym.Env:
     return FailingEnv()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -20,10 +21,15 @@ FAST_LEARNER = ["--env", "CartPole-v1", "--replay-capacity", "20000", "--min-rep
                 "--dqn-hidden-sizes", "32,32"]
 
 
+# Children import the tests' own environments and algorithms (custom_envs:..., plugin_algorithm:...).
+CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(os.path.abspath(__file__)),
+                                                                      os.environ.get("PYTHONPATH")]))}
+
+
 def start_learner(*args: str, port: int = 0) -> tuple[subprocess.Popen, int]:
     """``actorlearner learner --port PORT`` (0: any); returns the process and the port it printed."""
     proc = subprocess.Popen([sys.executable, "-m", "actorlearner", "learner", "--port", str(port), *args],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
     line = proc.stdout.readline()
     match = re.search(r"listening on [\d.]+:(\d+)", line)
     if not match:
@@ -34,7 +40,7 @@ def start_learner(*args: str, port: int = 0) -> tuple[subprocess.Popen, int]:
 
 def start_actor(port: int, actor_id: str, *args: str, stderr=None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
-                             "--actor-id", actor_id, "--num-envs", "2", *args], stderr=stderr)
+                             "--actor-id", actor_id, "--num-envs", "2", *args], stderr=stderr, env=CHILD_ENV)
 
 
 def free_port() -> int:

@@ -17,18 +17,18 @@ from procs import FAST_LEARNER, free_port, start_actor, start_learner, status, s
 
 from actorlearner import wire
 from actorlearner.actor.actor import Actor, _cut
-from actorlearner.actor.nstep import NStepAssembler
 from actorlearner.algorithms import make_algorithm
-from actorlearner.algorithms.dqn import DQNConfig
+from actorlearner.algorithms.nstep import NStepAssembler
 from actorlearner.config import ActorConfig
 from actorlearner.learner.checkpoint import CheckpointStore
+from actorlearner.learner.learner import field_specs
 from actorlearner.v1 import learner_pb2 as pb
 
 # The replacement differs in n-step, gamma, batch size, window, codec, epsilon, actor count and network.
 FIRST = [*FAST_LEARNER, "--dqn-n-step", "3", "--dqn-gamma", "0.99", "--actor-batch-size", "32",
-         "--max-unacked", "4", "--epsilon-base", "0.4", "--num-actors", "1"]
+         "--max-unacked", "4", "--dqn-epsilon-base", "0.4", "--num-actors", "1"]
 SECOND = [*FAST_LEARNER, "--dqn-n-step", "2", "--dqn-gamma", "0.9", "--actor-batch-size", "40",
-          "--max-unacked", "3", "--epsilon-base", "0.2", "--num-actors", "3", "--dqn-hidden-sizes", "48,24",
+          "--max-unacked", "3", "--dqn-epsilon-base", "0.2", "--num-actors", "3", "--dqn-hidden-sizes", "48,24",
           "--codec", "msgpack+zlib"]
 # Made under the first learner: its window (resent), a batch waiting for room, the close-out of the rest.
 OLD_BATCHES_AT_MOST = 4 + 1 + 2
@@ -63,14 +63,17 @@ class StderrLines:
         return "".join(self.lines)
 
 
-def test_rebuilt_assembler_flushes_its_windows_and_still_skips_an_autoreset_step():
-    assembler = NStepAssembler(2, 3, 0.5, (1,))
+def test_a_new_assembler_continues_a_flushed_ones_episodes_and_still_skips_an_autoreset_step():
+    box = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    assembler = NStepAssembler(2, 3, 0.5, box)
     ones, no, obs = np.ones(2), np.zeros(2, bool), np.zeros((2, 1), np.float32)
     assert assembler.push(obs, np.zeros(2, np.int64), ones, no, no, obs + 1) is None
     ended = assembler.push(obs + 1, np.zeros(2, np.int64), ones, np.array([True, False]), no, obs + 2)
     assert list(ended["discount"]) == [0.0, 0.0]  # env 0 terminated: its two windows
 
-    assembler, flushed = assembler.rebuild(2, 0.9)
+    flushed = assembler.flush()
+    previous, assembler = assembler, NStepAssembler(2, 2, 0.9, box)
+    assembler.inherit(previous)
     assert list(flushed["reward"]) == [1.5, 1.0] and list(flushed["discount"]) == [0.25, 0.5]  # env 1, truncated
     assert (flushed["next_obs"] == 2).all() and (assembler.n_step, assembler.gamma) == (2, 0.9)
     # Env 0's next step is its autoreset: nothing from it, in the new assembler too.
@@ -89,16 +92,16 @@ def test_actor_process_follows_a_learner_restarted_with_other_settings(tmp_path)
     try:
         wait_until(lambda: (s := status(port)).policy_version >= 1 and s.inserted >= 3, 60,
                    "the first learner training")
-        assert log.matching(f"applied settings from learner {first_id}: n_step=3 .*batch_size=32 max_unacked=4")
+        assert log.matching(f"applied settings from learner {first_id}: batch_size=32 max_unacked=4")
         assert stop(first) == [0]
         first_version = CheckpointStore(tmp_path).load_latest()[1]["learner"]["version"]  # its final one
 
         second, second_id = run_learner(SECOND, port)
         applied = wait_until(lambda: log.matching(f"applied settings from learner {second_id}"), 60,
                              "the actor to apply the second learner's settings")[0]
-        assert ("n_step=2 gamma=0.9 batch_size=40 max_unacked=3 codec=msgpack+zlib actor_priorities=True "
-                "epsilon=0.2 (actor 0 of 3)") in applied
-        assert re.search(r'network built from .*"hidden_sizes": \[48, 24\]', applied)
+        assert ("batch_size=40 max_unacked=3 codec=msgpack+zlib actor_priorities=True "
+                "exploration=0.2 (actor 0 of 3)") in applied
+        assert re.search(r'dqn network built from .*"gamma": 0.9, "hidden_sizes": \[48, 24\].*"n_step": 2', applied)
         # After the first learner's batches (resent window, close-out), only batches of the new size.
         wait_until(lambda: status(port).inserted > OLD_BATCHES_AT_MOST, 60, "the actor streaming again")
         wait_until(lambda: grows_in_batches_of(port, 40), 60, "the replay to grow in batches of 40")
@@ -124,19 +127,19 @@ def test_in_process_actor_rebuilds_assembler_epsilon_batches_window_and_network_
         wait_until(lambda: actor.session and actor.session.learner_id == first_id and actor.policy_version >= 0
                    and status(port).inserted >= 2, 60, "the first session streaming")
         assert (actor.assembler.n_step, actor.assembler.gamma) == (3, pytest.approx(0.99))
-        assert actor.epsilon == pytest.approx(0.4) and actor.link.max_unacked == 4
+        assert actor.exploration == pytest.approx(0.4) and actor.link.max_unacked == 4
         first_network = actor.algorithm
-        assert first_network.policy_state_dict()["torso.0.weight"].shape == (32, 4)
+        assert first_network.policy_state_dict()["encoder.mlp.0.weight"].shape == (32, 4)
         assert stop(first) == [0]
 
         second, second_id = run_learner(SECOND, port)
         wait_until(lambda: actor.session.learner_id == second_id and actor.policy_version >= 0, 60,
                    "the second session's settings and weights")
         assert (actor.assembler.n_step, actor.assembler.gamma) == (2, pytest.approx(0.9))
-        assert actor.epsilon == pytest.approx(0.2) and actor.link.max_unacked == 3
+        assert actor.exploration == pytest.approx(0.2) and actor.link.max_unacked == 3
         assert actor.session.settings.batch_size == 40
         assert actor.algorithm is not first_network and actor.algorithm is actor.session.policy
-        assert actor.algorithm.policy_state_dict()["torso.0.weight"].shape == (48, 4)
+        assert actor.algorithm.policy_state_dict()["encoder.mlp.0.weight"].shape == (48, 4)
         wait_until(lambda: status(port).inserted > OLD_BATCHES_AT_MOST, 60, "the actor streaming again")
         wait_until(lambda: grows_in_batches_of(port, 40), 60, "the replay to grow in batches of 40")
         assert actor.link.error is None and runner.is_alive()
@@ -151,19 +154,28 @@ def test_in_process_actor_rebuilds_assembler_epsilon_batches_window_and_network_
 # -- scripted peers: real gRPC servers on 127.0.0.1 that answer Connect from a script ----------
 
 CARTPOLE = gym.make("CartPole-v1")
+CARTPOLE_FIELDS = field_specs(make_algorithm("dqn", CARTPOLE.observation_space, CARTPOLE.action_space)
+                              .transition_fields())
 
 
-def settings(hidden_sizes: list[int], **overrides) -> pb.Settings:
-    values = {"n_step": 3, "gamma": 0.99, "batch_size": 16, "max_unacked": 4, "codec": pb.CODEC_MSGPACK,
-              "actor_priorities": True, "epsilon_base": 0.4, "epsilon_alpha": 7.0, "num_actors": 1, "actor_index": 0,
-              "max_message_bytes": 64 << 20, "algorithm_config": json.dumps({"hidden_sizes": hidden_sizes})}
+def settings(hidden_sizes: list[int], n_step: int = 3, gamma: float = 0.99, **overrides) -> pb.Settings:
+    config = {"hidden_sizes": hidden_sizes, "n_step": n_step, "gamma": gamma, "epsilon_base": 0.4}
+    values = {"batch_size": 16, "max_unacked": 4, "codec": pb.CODEC_MSGPACK, "actor_priorities": True,
+              "num_actors": 1, "actor_index": 0, "max_message_bytes": 64 << 20, "algorithm": "dqn",
+              "algorithm_config": json.dumps(config)}
     return pb.Settings(**{**values, **overrides})
+
+
+def welcome(learner_id: str, version: int, session_settings: pb.Settings) -> pb.LearnerMessage:
+    """A Welcome with the batch fields of DQN on CartPole, as a learner sends it."""
+    return pb.LearnerMessage(welcome=pb.Welcome(learner_id=learner_id, policy_version=version,
+                                                settings=session_settings, batch_fields=CARTPOLE_FIELDS))
 
 
 def weights(version: int, hidden_sizes: list[int]) -> pb.LearnerMessage:
     """A whole PolicyUpdate of a DQN network with ``hidden_sizes`` for CartPole."""
     network = make_algorithm("dqn", CARTPOLE.observation_space, CARTPOLE.action_space,
-                             DQNConfig(hidden_sizes=tuple(hidden_sizes)))
+                             {"hidden_sizes": tuple(hidden_sizes)})
     payload = wire.encode_state_dict(network.policy_state_dict())
     return pb.LearnerMessage(policy_update=pb.PolicyUpdate(version=version, chunk_index=0, chunk_count=1,
                                                            total_bytes=len(payload), payload=payload))
@@ -207,7 +219,7 @@ def test_a_new_welcome_keeps_the_window_and_closes_out_the_old_sessions_transiti
     second_session: list[pb.TrajectoryBatch] = []
 
     def first(hello, requests, context):
-        yield pb.LearnerMessage(welcome=pb.Welcome(learner_id="first", policy_version=7, settings=first_settings))
+        yield welcome("first", 7, first_settings)
         yield weights(7, [32, 32])
         for batch in batches(requests):
             first_session.append(batch)
@@ -217,7 +229,7 @@ def test_a_new_welcome_keeps_the_window_and_closes_out_the_old_sessions_transiti
                 context.abort(grpc.StatusCode.UNAVAILABLE, "learner restarting")
 
     def second(hello, requests, context):  # restarted with other settings, and versions that start lower
-        yield pb.LearnerMessage(welcome=pb.Welcome(learner_id="second", policy_version=2, settings=second_settings))
+        yield welcome("second", 2, second_settings)
         yield weights(2, [48, 24])
         for batch in batches(requests):
             second_session.append(batch)
@@ -254,7 +266,7 @@ def test_a_new_welcome_keeps_the_window_and_closes_out_the_old_sessions_transiti
         return np.concatenate([wire.decode_batch(b.payload, codec, fields, b.num_transitions)["discount"]
                                for b in batch_list])
 
-    gamma = float(np.float32(0.99))  # as the proto's float carries it
+    gamma = 0.99  # algorithm_config carries it as a JSON double
     assert set(discounts(old_codec, pb.CODEC_MSGPACK)) <= {np.float32(0.0), *(np.float32(gamma**k) for k in (1, 2, 3))}
     assert set(discounts(new_codec, pb.CODEC_MSGPACK_ZLIB)) <= {np.float32(0.0), np.float32(0.5), np.float32(0.25)}
 
@@ -268,8 +280,7 @@ def test_weights_withheld_for_a_version_the_actor_holds_of_another_network_are_a
     def script(hidden_sizes: list[int], with_weights: bool, then_abort: bool):
         def session(hello, requests, context):
             received = third_stream if len(learner.hellos) == 3 else []
-            yield pb.LearnerMessage(welcome=pb.Welcome(learner_id=f"learner-{hidden_sizes}", policy_version=3,
-                                                       settings=settings(hidden_sizes)))
+            yield welcome(f"learner-{hidden_sizes}", 3, settings(hidden_sizes))
             if with_weights:
                 yield weights(3, hidden_sizes)
             for batch in batches(requests):
@@ -294,12 +305,12 @@ def test_weights_withheld_for_a_version_the_actor_holds_of_another_network_are_a
         learner.close()
     assert [hello.policy_version for hello in learner.hellos] == [-1, 3, -1]
     assert actor.session.learner_id == "learner-[48, 24]" and actor.policy_version == 3
-    assert actor.algorithm.policy_state_dict()["torso.0.weight"].shape == (48, 4) and actor.link.error is None
+    assert actor.algorithm.policy_state_dict()["encoder.mlp.0.weight"].shape == (48, 4) and actor.link.error is None
 
 
 def hostile_weights(hello, requests, context):
     """Welcome describes a [32, 32] network; the weights that follow are of a [64, 64] one."""
-    yield pb.LearnerMessage(welcome=pb.Welcome(learner_id="hostile", policy_version=1, settings=settings([32, 32])))
+    yield welcome("hostile", 1, settings([32, 32]))
     yield weights(1, [64, 64])
     while context.is_active():  # keep the stream open until the actor goes
         threading.Event().wait(0.1)
@@ -307,15 +318,13 @@ def hostile_weights(hello, requests, context):
 
 def hostile_config(hello, requests, context):
     """An algorithm_config the actor cannot build a network from."""
-    yield pb.LearnerMessage(welcome=pb.Welcome(learner_id="hostile", policy_version=1,
-                                               settings=settings([32, 32], algorithm_config='{"hidden_sizes": [32], '
-                                                                                         '"layer_norm": true}')))
+    yield welcome("hostile", 1, settings([32, 32], algorithm_config='{"hidden_sizes": [32], "layer_norm": true}'))
     while context.is_active():
         threading.Event().wait(0.1)
 
 
 @pytest.mark.parametrize("script, names", [
-    (hostile_weights, ["does not fit the network", "'torso.0.weight' is float32[64, 4], expected float32[32, 4]"]),
+    (hostile_weights, ["does not fit the network", "'encoder.mlp.0.weight' is float32[64, 4], expected float32[32, 4]"]),
     (hostile_config, ["settings this actor cannot apply", "layer_norm"]),
 ])
 def test_actor_exits_2_with_one_error_line_on_settings_or_weights_it_cannot_apply(script, names):

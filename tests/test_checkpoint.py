@@ -338,7 +338,7 @@ def learner_config(directory, device: str = "cpu", **overrides) -> LearnerConfig
     about what a checkpoint holds, not about pacing: the rate limiter is opened so no insert waits."""
     settings = dict(env="CartPole-v1", device=device, replay_capacity=4096, min_replay_size=64, batch_size=32,
                     rate_error_buffer=1e6, publish_every=5, eval_every=0, checkpoint_dir=str(directory),
-                    dqn=DQNConfig(hidden_sizes=(32, 32), target_update_period=7))
+                    algorithm_config=DQNConfig(hidden_sizes=(32, 32), target_update_period=7))
     return LearnerConfig(**{**settings, **overrides})
 
 

@@ -215,8 +215,6 @@ def test_seed_fixes_the_initial_weights():
     assert all(torch.equal(a.target.state_dict()[k], a.online.state_dict()[k]) for k in pa)
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: DQN.__init__ builds the target QNetwork outside "
-                                       "torch.random.fork_rng, so its (overwritten) init draws from the global RNG")
 def test_building_an_algorithm_leaves_the_global_rng_alone():
     torch.manual_seed(123)
     expected_draw = torch.rand(3)

@@ -80,6 +80,8 @@ def hello(actor_id: str, /, **changes) -> pb.ActorMessage:
     for name, value in changes.items():
         if isinstance(value, pb.EnvSpec):
             getattr(message, name).CopyFrom(value)
+        elif isinstance(value, list):
+            getattr(message, name).extend(value)
         else:
             setattr(message, name, value)
     return pb.ActorMessage(hello=message)
@@ -334,9 +336,11 @@ def other_env_spec() -> pb.EnvSpec:
     ({"protocol_version": wire.PROTOCOL_VERSION + 1}, grpc.StatusCode.FAILED_PRECONDITION,
      (f"protocol version {wire.PROTOCOL_VERSION + 1} is not supported",)),
     ({"protocol_version": 0}, grpc.StatusCode.FAILED_PRECONDITION, ("protocol version 0",)),
-    ({"algorithm": "ppo"}, grpc.StatusCode.FAILED_PRECONDITION, ("algorithm 'ppo'",)),
+    ({"algorithm": "ppo"}, grpc.StatusCode.FAILED_PRECONDITION, ("algorithm 'ppo'", "runs 'dqn'")),
+    ({"batch_fields": [pb.FieldSpec(name="obs", dtype="uint8", shape=[4])]}, grpc.StatusCode.FAILED_PRECONDITION,
+     ("holds batches with fields obs:uint8[4]", "expects obs:float32[4], action:int64[]")),
     ({"actor_id": ""}, grpc.StatusCode.INVALID_ARGUMENT, ("actor_id must not be empty",)),
-], ids=["env spec", "empty env spec", "future protocol", "protocol 0", "algorithm", "no actor id"])
+], ids=["env spec", "empty env spec", "future protocol", "protocol 0", "algorithm", "batch fields", "no actor id"])
 def test_refused_hello(live, changes, code, words):
     with watched(live) as before:
         outcome = converse(live.port, [hello("refused-hello", **changes), batch(1)])

@@ -7,8 +7,10 @@ import sys
 import threading
 
 import pytest
+import torch
 
 from actorlearner import config as cfg
+from actorlearner.algorithms import make_algorithm, resolve
 from actorlearner.cli import warn_if_exposed
 from actorlearner.config import LearnerConfig
 from actorlearner.learner.learner import Learner
@@ -49,8 +51,13 @@ def test_the_exposure_warning_takes_any_host(host, exposed, caplog):
 
 def test_algorithm_device_and_seed_are_the_learners_not_options():
     """--dqn-device and --dqn-seed were documented but overwritten by --device and --seed: they are gone."""
-    flags = {opt.flag for opt in cfg.options(cfg.LearnerConfig)}
+    dqn = resolve("dqn")
+    flags = {opt.flag for opt in cfg.options(cfg.LearnerConfig) + cfg.options(dqn.config_class, "dqn-")}
     assert {"--device", "--seed", "--dqn-lr"} <= flags
     assert not flags & {"--dqn-device", "--dqn-seed"}
-    learner = Learner(cfg.build(cfg.LearnerConfig, environ={"ACTORLEARNER_SEED": "7", "ACTORLEARNER_DEVICE": "cpu"}))
-    assert (learner.algorithm.config.seed, learner.algorithm.config.device) == (7, "cpu")
+    learner = Learner(cfg.build(cfg.LearnerConfig, environ={"ACTORLEARNER_SEED": "7", "ACTORLEARNER_DEVICE": "cpu"},
+                                algorithm=dqn))
+    assert learner.algorithm.device == torch.device("cpu")
+    seeded = make_algorithm("dqn", learner.observation_space, learner.action_space, seed=7)
+    for name, value in seeded.policy_state_dict().items():
+        torch.testing.assert_close(learner.algorithm.policy_state_dict()[name], value)

@@ -6,7 +6,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from actorlearner.actor.nstep import NStepAssembler
+from actorlearner.algorithms.nstep import NStepAssembler
+
+
+def box(size: int) -> gym.spaces.Box:
+    """An unbounded float32 vector observation space of ``size``."""
+    return gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
 
 N, G = 3, 0.5
 FIELDS = {"obs", "action", "reward", "discount", "next_obs"}
@@ -37,7 +42,7 @@ def assert_transitions(out, obs, reward, discount, next_obs):
 
 
 def test_mid_episode_windows_sum_n_rewards_and_bootstrap_with_gamma_n():
-    asm = NStepAssembler(num_envs=1, n_step=N, gamma=G, obs_shape=(1,))
+    asm = NStepAssembler(num_envs=1, n_step=N, gamma=G, observation_space=box(1))
     assert step1(asm, 0, 1.0) is None
     assert step1(asm, 1, 2.0) is None
     assert_transitions(step1(asm, 2, 3.0), [0], [1 + 0.5 * 2 + 0.25 * 3], [0.125], [3])
@@ -47,7 +52,7 @@ def test_mid_episode_windows_sum_n_rewards_and_bootstrap_with_gamma_n():
 
 
 def test_termination_flushes_all_windows_with_zero_discount_then_skips_autoreset_step():
-    asm = NStepAssembler(1, N, G, (1,))
+    asm = NStepAssembler(1, N, G, box(1))
     for t in range(4):
         step1(asm, t, t + 1.0)
     out = step1(asm, 4, 5.0, terminated=True)
@@ -63,7 +68,7 @@ def test_termination_flushes_all_windows_with_zero_discount_then_skips_autoreset
 
 
 def test_truncation_flushes_all_windows_keeping_the_bootstrap():
-    asm = NStepAssembler(1, N, G, (1,))
+    asm = NStepAssembler(1, N, G, box(1))
     for t in range(4):
         step1(asm, t, t + 1.0)
     out = step1(asm, 4, 5.0, truncated=True)
@@ -72,13 +77,13 @@ def test_truncation_flushes_all_windows_keeping_the_bootstrap():
 
 
 def test_terminated_and_truncated_together_counts_as_termination():
-    asm = NStepAssembler(1, N, G, (1,))
+    asm = NStepAssembler(1, N, G, box(1))
     assert_transitions(step1(asm, 0, 1.0, terminated=True, truncated=True), [0], [1], [0], [1])
 
 
 @pytest.mark.parametrize("terminated, discount", [(True, [0.0, 0.0]), (False, [0.25, 0.5])])
 def test_episode_shorter_than_n(terminated, discount):
-    asm = NStepAssembler(1, N, G, (1,))
+    asm = NStepAssembler(1, N, G, box(1))
     assert step1(asm, 0, 1.0) is None
     out = step1(asm, 1, 2.0, terminated=terminated, truncated=not terminated)
     assert_transitions(out, [0, 1], [1 + 0.5 * 2, 2], discount, [2, 2])
@@ -86,7 +91,7 @@ def test_episode_shorter_than_n(terminated, discount):
 
 def test_two_envs_out_of_phase():
     """env0 terminates after 2 steps while env1 runs on and truncates after 4."""
-    asm = NStepAssembler(num_envs=2, n_step=N, gamma=G, obs_shape=(2,))
+    asm = NStepAssembler(num_envs=2, n_step=N, gamma=G, observation_space=box(2))
 
     def push(t0, t1, r, term, trunc, n0, n1):
         obs = np.array([[0, t0], [1, t1]], np.float32)
@@ -122,14 +127,14 @@ def test_two_envs_out_of_phase():
 
 
 def test_n_step_one_is_plain_one_step_transitions():
-    asm = NStepAssembler(1, 1, G, (1,))
+    asm = NStepAssembler(1, 1, G, box(1))
     assert_transitions(step1(asm, 0, 1.0), [0], [1], [0.5], [1])
     assert_transitions(step1(asm, 1, 2.0, terminated=True), [1], [2], [0], [2])
     assert step1(asm, 2, 0.0, next_t=100) is None
 
 
 def test_flush_emits_pending_windows_as_truncated_and_reset_drops_them():
-    asm = NStepAssembler(1, N, G, (1,))
+    asm = NStepAssembler(1, N, G, box(1))
     assert asm.flush() is None
     step1(asm, 0, 1.0)
     step1(asm, 1, 2.0)
@@ -217,7 +222,7 @@ def test_matches_reference_on_random_scripted_episodes():
         state["reset"] = term | trunc
         return nxt, reward, term, trunc
 
-    asm = NStepAssembler(num_envs, n, gamma, (1,))
+    asm = NStepAssembler(num_envs, n, gamma, box(1))
     batches, episodes = run_and_record(
         env_step, num_envs, 300, state["obs"], asm, lambda: rng.integers(0, 5, num_envs)
     )
@@ -235,7 +240,7 @@ def test_real_cartpole_vector_env():
         nxt, reward, term, trunc, _ = env.step(action)
         return nxt, reward, term, trunc
 
-    asm = NStepAssembler(num_envs, n, gamma, env.single_observation_space.shape)
+    asm = NStepAssembler(num_envs, n, gamma, env.single_observation_space)
     batches, episodes = run_and_record(env_step, num_envs, 300, obs, asm, env.action_space.sample)
     env.close()
 
@@ -257,7 +262,7 @@ def test_real_cartpole_vector_env():
 
 def test_uint8_frames_keep_their_dtype():
     """Atari-like frames are stored as uint8, not widened to float32."""
-    asm = NStepAssembler(num_envs=1, n_step=1, gamma=0.9, obs_shape=(2, 2), obs_dtype=np.uint8)
+    asm = NStepAssembler(num_envs=1, n_step=1, gamma=0.9, observation_space=gym.spaces.Box(0, 255, (2, 2), np.uint8))
     frame = np.full((1, 2, 2), 200, np.uint8)
     out = asm.push(frame, np.array([1]), np.array([1.0]), np.array([False]), np.array([False]), frame + 1)
     assert out["obs"].dtype == np.uint8 and out["next_obs"].dtype == np.uint8

@@ -3,36 +3,39 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
 import threading
 import warnings
-from pathlib import Path
 
 import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
+from procs import (
+    CHILD_ENV,
+    FAST_LEARNER,
+    start_actor,
+    start_learner,
+    status,
+    stop,
+    wait_until,
+)
 
 from actorlearner import specs
 from actorlearner.envs import RemoteEnv, RemoteEnvError, make_env
 from actorlearner.envs.server import serve
 from actorlearner.v1 import env_pb2 as pb
 from actorlearner.v1 import env_pb2_grpc as pb_grpc
-from procs import FAST_LEARNER, start_actor, start_learner, status, stop, wait_until
-
-TESTS = Path(__file__).resolve().parent
-SUBPROCESS_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
 
 
 def start_env_server(env: str, *args: str) -> tuple[subprocess.Popen, int]:
     """``actorlearner env-server --port 0`` in its own process; returns it and its port."""
     proc = subprocess.Popen([sys.executable, "-m", "actorlearner", "env-server", "--env", env, "--port", "0", *args],
-                            stdout=subprocess.PIPE, text=True, env=SUBPROCESS_ENV)
+                            stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
     line = proc.stdout.readline()
     match = re.search(r"listening on [\d.]+:(\d+)", line)
     if not match:
@@ -146,7 +149,7 @@ def test_a_client_killed_mid_episode_frees_its_session_and_the_server_goes_on():
         survivor = RemoteEnv(f"127.0.0.1:{port}")
         survivor.reset(seed=3)
         client = subprocess.Popen([sys.executable, "-c", CLIENT, f"127.0.0.1:{port}"],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=SUBPROCESS_ENV)
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
         assert client.stdout.readline().strip() == "mid-episode"
         assert service.active == 2
         client.send_signal(signal.SIGKILL)

@@ -69,7 +69,9 @@ def test_late_actor_gets_the_current_version_in_welcome():
         assert welcome.WhichOneof("kind") == "welcome"
         assert welcome.welcome.policy_version >= version
         assert update.policy_update.version == welcome.welcome.policy_version
-        assert welcome.welcome.settings.batch_size > 0 and welcome.welcome.settings.n_step == 3
+        settings = welcome.welcome.settings
+        assert settings.batch_size > 0 and settings.algorithm == "dqn" and json.loads(settings.algorithm_config)["n_step"] == 3
+        assert [f.name for f in welcome.welcome.batch_fields] == ["obs", "action", "reward", "discount", "next_obs"]
     finally:
         stop(early, learner)
 

@@ -148,7 +148,7 @@ class DQN:
         with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
             torch.manual_seed(seed)
             self.online = QNetwork(observation_space, self.branches, self.config)
-        self.target = QNetwork(observation_space, self.branches, self.config)
+            self.target = QNetwork(observation_space, self.branches, self.config)
         self.target.load_state_dict(self.online.state_dict())
         self.target.requires_grad_(False)
         self.online.to(self.device)

@@ -96,9 +96,9 @@ class OneHotEncoder(nn.Module):
 
     def __init__(self, nvec: np.ndarray, start: np.ndarray):
         super().__init__()
-        self.register_buffer("sizes", torch.as_tensor(np.asarray(nvec).reshape(-1), dtype=torch.long))
-        self.register_buffer("starts", torch.as_tensor(np.asarray(start).reshape(-1), dtype=torch.long))
-        self.register_buffer("offsets", torch.cumsum(self.sizes, 0) - self.sizes)
+        self.register_buffer("sizes", torch.as_tensor(np.asarray(nvec).reshape(-1), dtype=torch.long), persistent=False)
+        self.register_buffer("starts", torch.as_tensor(np.asarray(start).reshape(-1), dtype=torch.long), persistent=False)
+        self.register_buffer("offsets", torch.cumsum(self.sizes, 0) - self.sizes, persistent=False)
         self.output_dim = int(self.sizes.sum())
 
     def forward(self, x: Tensor) -> Tensor:

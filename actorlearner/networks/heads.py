@@ -80,9 +80,9 @@ class BranchingDuelingHead(nn.Module):
         self.value = nn.Linear(in_features, 1) if dueling else None
         branch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
         slot = torch.cat([torch.arange(size) for size in sizes])
-        self.register_buffer("branch", branch)
-        self.register_buffer("padded_index", branch * self.n_max + slot)
-        self.register_buffer("size_of_branch", torch.tensor(sizes, dtype=torch.float32))
+        self.register_buffer("branch", branch, persistent=False)
+        self.register_buffer("padded_index", branch * self.n_max + slot, persistent=False)
+        self.register_buffer("size_of_branch", torch.tensor(sizes, dtype=torch.float32), persistent=False)
 
     def forward(self, h: Tensor) -> Tensor:
         q = self.advantages(h)
