@@ -237,12 +237,16 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, algorithm: type | 
     """Add ``--config`` and one flag per option of ``cls`` (defaults left to :func:`build`), and of
     ``algorithm``'s config (prefixed with its name) when ``cls`` holds a learner."""
     parser.add_argument("--config", help="TOML file with settings (flags and env vars override it)")
-    groups = [options(cls)]
-    if algorithm is not None and _learner_path(cls) is not None:
-        groups.append(options(algorithm.config_class, f"{algorithm.name}-"))
-    for opt in (opt for group in groups for opt in group):
+    for opt in all_options(cls, algorithm):
         parser.add_argument(opt.flag, dest=_dest(opt), default=None, metavar=_metavar(opt.kind),
                             help=f"{opt.help} [default: {_show(opt.default)}; env {opt.env_var}]")
+
+
+def all_options(cls: type, algorithm: type | None = None) -> list[Option]:
+    """Every option of ``cls`` and, when it holds a learner, of ``algorithm``'s config (TOML paths under its name)."""
+    if algorithm is None or _learner_path(cls) is None:
+        return options(cls)
+    return options(cls) + options(algorithm.config_class, f"{algorithm.name}-", (algorithm.name,))
 
 
 def build(cls: type, args: argparse.Namespace | None = None, environ: typing.Mapping[str, str] | None = None,

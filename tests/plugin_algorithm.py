@@ -120,7 +120,3 @@ class TabularQ:
     def load_state_dict(self, state: Mapping[str, Tensor | int]) -> None:
         self.table.copy_(torch.as_tensor(state["table"]))
         self.updates = int(state["updates"])
-
-    def to(self, device: str | torch.device) -> TabularQ:
-        self.table = self.table.to(device)
-        return self

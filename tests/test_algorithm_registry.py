@@ -85,13 +85,9 @@ class ConstantAlgorithm:
     def load_state_dict(self, state):
         pass
 
-    def to(self, device):
-        self.device = torch.device(device)
-        return self
 
-
-class NoUpdateOrTo:
-    """Looks like an algorithm but cannot learn or move."""
+class NoUpdate:
+    """Looks like an algorithm but cannot learn."""
 
     name = "half"
     config_class = ConstantConfig
@@ -158,8 +154,8 @@ def test_names_that_resolve_to_nothing(name, says):
 
 
 def test_a_class_missing_protocol_members_is_refused_naming_them():
-    with pytest.raises(AlgorithmError, match="NoUpdateOrTo is not an Algorithm: it lacks update, to$"):
-        resolve(f"{__name__}:NoUpdateOrTo")
+    with pytest.raises(AlgorithmError, match="NoUpdate is not an Algorithm: it lacks update$"):
+        resolve(f"{__name__}:NoUpdate")
     with pytest.raises(AlgorithmError, match="lacks name, config_class, transition_fields"):
         resolve(f"{__name__}:NOT_A_CLASS")
     with pytest.raises(AlgorithmError, match="has no config_class dataclass"):

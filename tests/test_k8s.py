@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from actorlearner import config as cfg
+from actorlearner.algorithms import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -291,11 +292,12 @@ def _build_config(docs: list[dict], workload: dict, container: dict):
     cls = config_class(container)
     if cls is None:
         return None
-    parser = argparse.ArgumentParser()
-    cfg.add_arguments(parser, cls)
     args = container.get("args", [])[1:]
-    known, _ = parser.parse_known_args(args)
     environ = env_values(docs, workload, container)
+    algorithm = resolve(cfg.algorithm_name(args, environ))
+    parser = argparse.ArgumentParser()
+    cfg.add_arguments(parser, cls, algorithm)
+    known, _ = parser.parse_known_args(args)
     with tempfile.TemporaryDirectory() as tmp:
         if known.config:
             volume, key = mounted_file(docs, workload, container, known.config)
@@ -307,7 +309,7 @@ def _build_config(docs: list[dict], workload: dict, container: dict):
             local = Path(tmp) / "config.toml"
             local.write_text(data[key])
             known.config = str(local)
-        return cfg.build(cls, known, environ)
+        return cfg.build(cls, known, environ, algorithm)
 
 
 def raw_setting(docs: list[dict], workload: dict, container: dict, name: str) -> str | None:
@@ -508,7 +510,8 @@ def test_settings_are_known_options(docs):
     for w in workloads(docs):
         for c in pod_spec(w)["containers"]:
             cls = config_class(c)
-            known = {o.env_var for o in cfg.options(cls)}
+            options = cfg.all_options(cls, resolve("dqn")) if cls is not None else []  # the manifests run dqn
+            known = {o.env_var for o in options}
             for var in c.get("env", []):
                 if var["name"].startswith(cfg.ENV_PREFIX):
                     assert var["name"] in known, f"{c['name']}: {var['name']} is no option"
@@ -517,7 +520,7 @@ def test_settings_are_known_options(docs):
             if "--config" in args:
                 volume, key = mounted_file(docs, w, c, args[args.index("--config") + 1])
                 table = tomllib.loads(configmap(docs, volume["configMap"]["name"])["data"][key])
-                paths = {o.path for o in cfg.options(cls)}
+                paths = {o.path for o in options}
                 for path in _toml_paths(table):
                     assert path in paths, f"{c['name']}: TOML key {'.'.join(path)} is no option"
             assert config is not None

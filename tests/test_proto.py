@@ -9,8 +9,10 @@ from importlib.metadata import version
 from pathlib import Path
 
 import grpc
+import gymnasium as gym
+import numpy as np
 
-from actorlearner import wire
+from actorlearner import specs, wire
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
@@ -40,14 +42,11 @@ def test_codec_enum_matches_wire() -> None:
 
 def test_actor_messages_round_trip() -> None:
     """Every ActorMessage kind survives serialize/parse with its oneof set."""
-    spec = pb.EnvSpec(
-        env_id="CartPole-v1",
-        observation=pb.TensorSpec(name="obs", dtype="float32", shape=[4], low=[-1.0], high=[1.0]),
-        action=pb.ActionSpec(discrete=pb.DiscreteSpec(n=2)),
-    )
+    spec = specs.env_spec("CartPole-v1", gym.spaces.Box(-1.0, 1.0, (4,), np.float32), gym.spaces.Discrete(2))
+    fields = [pb.FieldSpec(name="obs", dtype="float32", shape=[4]), pb.FieldSpec(name="action", dtype="int64")]
     messages = [
         pb.ActorMessage(hello=pb.Hello(actor_id="a0", protocol_version=wire.PROTOCOL_VERSION,
-                                       env_spec=spec, algorithm="dqn", policy_version=-1)),
+                                       env_spec=spec, algorithm="dqn", batch_fields=fields, policy_version=-1)),
         pb.ActorMessage(batch=pb.TrajectoryBatch(seq=7, policy_version=3, num_transitions=2,
                                                  payload=b"\x80", codec=pb.CODEC_MSGPACK_ZLIB,
                                                  priorities=[0.5, 1.5])),
@@ -58,18 +57,19 @@ def test_actor_messages_round_trip() -> None:
         back = pb.ActorMessage.FromString(msg.SerializeToString())
         assert back == msg and back.WhichOneof("kind") == kind
     assert back.episode_stats.lengths == [10]
-    assert pb.ActionSpec(box=pb.TensorSpec(dtype="float32", shape=[2])).WhichOneof("kind") == "box"
+    hello = pb.ActorMessage.FromString(messages[0].SerializeToString()).hello
+    assert specs.spaces_from_spec(hello.env_spec)[1] == gym.spaces.Discrete(2) and list(hello.batch_fields) == fields
 
 
 def test_learner_messages_round_trip() -> None:
     """Every LearnerMessage kind survives serialize/parse with its oneof set."""
-    settings = pb.Settings(n_step=3, gamma=0.99, batch_size=64, max_unacked=8,
-                           codec=pb.CODEC_MSGPACK, actor_priorities=True, epsilon_base=0.4,
-                           epsilon_alpha=7.0, num_actors=4, actor_index=1,
-                           max_message_bytes=4 << 20)
+    settings = pb.Settings(batch_size=64, max_unacked=8, codec=pb.CODEC_MSGPACK, actor_priorities=True,
+                           num_actors=4, actor_index=1, max_message_bytes=4 << 20, algorithm="dqn",
+                           algorithm_config='{"n_step": 3, "gamma": 0.99}')
+    fields = [pb.FieldSpec(name="obs/camera", dtype="uint8", shape=[84, 84, 3])]
     messages = {
         "welcome": pb.LearnerMessage(welcome=pb.Welcome(learner_id="L", policy_version=5,
-                                                        settings=settings)),
+                                                        settings=settings, batch_fields=fields)),
         "policy_update": pb.LearnerMessage(policy_update=pb.PolicyUpdate(
             version=5, chunk_index=0, chunk_count=1, total_bytes=3, payload=b"abc")),
         "ack": pb.LearnerMessage(ack=pb.Ack(seq=7, accepted=False, reason="bad dtype")),

@@ -101,10 +101,6 @@ class Algorithm(Protocol):
         """Restore what `state_dict` produced."""
         ...
 
-    def to(self, device: str | torch.device) -> Algorithm:
-        """Move every tensor (networks and optimizer state) to `device`; returns self."""
-        ...
-
 
 def torch_dtype(dtype: np.dtype | type) -> torch.dtype:
     """The torch dtype of a numpy dtype (for `transition_fields`)."""

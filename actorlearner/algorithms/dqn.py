@@ -291,16 +291,6 @@ class DQN:
         self.optimizer.load_state_dict({"state": optim_state, "param_groups": param_groups})
         self.num_updates = int(state["num_updates"])
 
-    def to(self, device: str | torch.device) -> DQN:
-        self.device = torch.device(device)
-        self.online.to(self.device)
-        self.target.to(self.device)
-        for slots in self.optimizer.state.values():
-            for slot, value in slots.items():
-                if isinstance(value, Tensor) and slot != "step":
-                    slots[slot] = value.to(self.device)
-        return self
-
 
 __all__ = [
     "DQN",

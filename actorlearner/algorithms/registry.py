@@ -22,7 +22,7 @@ REGISTERED = {"dqn": "actorlearner.algorithms.dqn:DQN"}
 
 _REQUIRED = ("name", "config_class", "transition_fields", "make_assembler", "exploration", "act",
              "initial_priorities", "update", "policy_state_dict", "load_policy_state_dict", "state_dict",
-             "load_state_dict", "to")
+             "load_state_dict")
 
 
 class AlgorithmError(ValueError):
