@@ -1,1 +1,1 @@
-"""Actor side: env loop, n-step transition assembly, streaming client."""
+"""Actor side: env loop with the algorithm's policy and assembler, streaming client."""

@@ -1,4 +1,4 @@
-"""The actor process: a vector env, a local policy copy, n-step transitions streamed to the learner."""
+"""The actor process: a vector env, a local policy copy, the algorithm's replay items streamed to the learner."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 class Actor:
     """Steps envs with the newest policy it has and streams batches of the learner's algorithm.
 
-    The algorithm comes from the Welcome (its name and config), as do every other setting:
+    The algorithm comes from the Welcome (its name and config), as does every other setting:
     batch size, window, codec, this actor's exploration. Policy updates are applied between
     env steps and every batch carries the version that produced it. When a Welcome comes
     from another learner (a restart) or changes what shapes batches (the algorithm's config,
@@ -36,13 +36,13 @@ class Actor:
 
     - batches that already hold a seq (the unacked window) are resent as they are, same
       seq, size and codec: nothing acked is lost, nothing is inserted twice;
-    - windows pending in the n-step assembler are flushed as truncated transitions (their
-      ``discount`` = old gamma**k keeps them valid targets whatever the new settings), and
-      with the partly filled batch they go out as the old session's last batches (old size,
+    - what the algorithm's assembler holds is flushed (DQN's n-step windows as truncated
+      transitions, whose ``discount`` = old gamma**k keeps them valid targets whatever the
+      new settings), and with the partly filled batch they go out as the old session's last batches (old size,
       the last one smaller, old codec, old policy version) with fresh seqs, into the window.
       Flushing rather than dropping keeps every env step in exactly one transition, and no
       batch mixes two sessions' transitions or versions;
-    - a changed ``algorithm_config`` replaces the network, and the loop acts again only
+    - a changed algorithm or ``algorithm_config`` replaces the network, and the loop acts again only
       once weights of the new session arrived; an unchanged one keeps network and weights.
     """
 
