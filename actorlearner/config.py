@@ -1,11 +1,10 @@
 """Dataclass configs: one source for CLI flags, TOML files and ``ACTORLEARNER_*`` env vars.
 
 Each field's docstring (the string literal under it) is its help text. A nested dataclass
-field becomes a group of options with its name as prefix (``--tls-cert``...) unless it is
-marked ``flatten``. The algorithm named by ``--algorithm`` adds its own config dataclass
-the same way, prefixed with its name (``--dqn-lr``, ``ACTORLEARNER_DQN_LR``, TOML table
-``[dqn]``): see :func:`all_options` and :func:`build`. A field marked ``option: False`` is set by the
-program, never by the user.
+field becomes a group of options prefixed with its name unless it is marked ``flatten``.
+The algorithm named by ``--algorithm`` adds its own config dataclass as such a group
+(``--dqn-lr``, ``ACTORLEARNER_DQN_LR``, TOML table ``[dqn]``): see :func:`all_options` and
+:func:`build`. A field marked ``option: False`` is set by the program, never by the user.
 Precedence: command-line flag, then environment variable, then TOML file, then default.
 """
 
