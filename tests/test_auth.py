@@ -29,6 +29,11 @@ def get_status(port: int, security: SecurityConfig | None) -> pb.StatusResponse:
         return pb_grpc.LearnerStub(channel).GetStatus(pb.StatusRequest(), timeout=10)
 
 
+def get_spec(port: int, security: SecurityConfig | None) -> pb.LearnerSpec:
+    with open_channel(f"127.0.0.1:{port}", security) as channel:
+        return pb_grpc.LearnerStub(channel).GetSpec(pb.LearnerSpecRequest(), timeout=10)
+
+
 def connect(port: int, security: SecurityConfig | None, actor_id: str):
     """Open Connect with a valid Hello and read the first answer; raises grpc.RpcError if refused."""
     env = make_env("CartPole-v1")
@@ -63,8 +68,10 @@ def test_learner_with_a_token_refuses_strangers_and_serves_its_actors(token_file
         wait_until(lambda: get_status(port, good).policy_version >= 2, 90, "training with the token")
         for stranger in (None, SecurityConfig(auth_token="wrong"), SecurityConfig(auth_token=TOKEN + "x")):
             assert refused_with(lambda: get_status(port, stranger)) == grpc.StatusCode.UNAUTHENTICATED
+            assert refused_with(lambda: get_spec(port, stranger)) == grpc.StatusCode.UNAUTHENTICATED
             assert refused_with(lambda: connect(port, stranger, "stranger")) == grpc.StatusCode.UNAUTHENTICATED
         assert connect(port, good, "friend").WhichOneof("kind") == "welcome"
+        assert get_spec(port, good).algorithm == "dqn"
         assert "stranger" not in {a.actor_id for a in get_status(port, good).actors}
         shown = subprocess.run([sys.executable, "-m", "actorlearner", "status", "--learner", f"127.0.0.1:{port}",
                                 "--json", "--auth-token-file", token_file], capture_output=True, text=True)
