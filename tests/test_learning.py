@@ -49,3 +49,10 @@ def test_run_learns_a_dict_observation_with_an_image_and_multidiscrete_actions()
 def test_a_plugin_algorithm_from_a_test_module_trains_through_real_processes():
     """Tabular Q-learning defined in tests/plugin_algorithm.py, with its own option (--tabq-lr)."""
     run_until(1.0, "--env", "custom_envs:frozen_lake", "--algorithm", "plugin_algorithm:TabularQ", "--tabq-lr", "0.5")
+
+
+@pytest.mark.learning
+def test_run_solves_pendulum_with_sac():
+    """Continuous actions: SAC, one 256-transition update per 2 inserted (the learner's defaults suit DQN)."""
+    run_until(-200, "--env", "Pendulum-v1", "--algorithm", "sac", "--samples-per-insert", "128",
+              "--batch-size", "256", "--min-replay-size", "1000")

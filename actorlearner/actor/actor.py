@@ -239,7 +239,8 @@ class Actor:
         priorities = []
         if with_priorities:
             tensors = {k: torch.from_numpy(v) for k, v in batch.items()}
-            priorities = self.algorithm.initial_priorities(tensors).tolist()
+            computed = self.algorithm.initial_priorities(tensors)
+            priorities = [] if computed is None else computed.tolist()
         message = wire.encode_batch_message(seq, version, _rows(batch), wire.encode_batch(batch, codec),
                                             codec, priorities)
         while not self.link.send_batch(seq, message, timeout=0.5, policy_version=version):

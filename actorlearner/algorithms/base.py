@@ -77,8 +77,9 @@ class Algorithm(Protocol):
         """Actions for a batch of observations as the vector env returns them; exploration 0 is greedy."""
         ...
 
-    def initial_priorities(self, fields: Mapping[str, Tensor]) -> Tensor:
-        """Replay priorities [B] for freshly collected items (Ape-X actor side)."""
+    def initial_priorities(self, fields: Mapping[str, Tensor]) -> Tensor | None:
+        """Replay priorities [B] for freshly collected items (Ape-X actor side); None leaves them to
+        the learner (its maximum priority)."""
         ...
 
     def update(self, sample: SampleLike) -> tuple[Tensor, dict[str, float]]:

@@ -17,7 +17,7 @@ import torch
 
 from actorlearner.algorithms.base import Algorithm
 
-REGISTERED = {"dqn": "actorlearner.algorithms.dqn:DQN"}
+REGISTERED = {"dqn": "actorlearner.algorithms.dqn:DQN", "sac": "actorlearner.algorithms.sac:SAC"}
 """Registered algorithm names -> ``module:Class``; imported only when named."""
 
 _REQUIRED = ("name", "config_class", "transition_fields", "make_assembler", "exploration", "act",
