@@ -22,10 +22,16 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from actorlearner.algorithms.base import FlatState, SampleLike, TransitionFields, torch_dtype
-from actorlearner.algorithms.nstep import NStepAssembler
+from actorlearner.algorithms.base import FlatState, SampleLike, TransitionFields
+from actorlearner.algorithms.nstep import NStepAssembler, nstep_fields
 from actorlearner.networks import (
-    ActionBranches, BranchingDuelingHead, ObservationEncoder, action_branches, field_name, leaf_arrays, leaf_fields,
+    ActionBranches,
+    BranchingDuelingHead,
+    ObservationEncoder,
+    action_branches,
+    field_name,
+    leaf_arrays,
+    leaf_fields,
 )
 
 
@@ -160,14 +166,7 @@ class DQN:
     def transition_fields(self) -> TransitionFields:
         """One field per observation leaf in its own dtype (uint8 frames stay 4x smaller), then the
         action (branch values, int64), n-step reward and discount, and the next observation."""
-        obs = {key: (shape, torch_dtype(dtype)) for key, (shape, dtype) in self._obs_leaves.items()}
-        return {
-            **{field_name("obs", key): spec for key, spec in obs.items()},
-            "action": (self.branches.shape, torch.int64),
-            "reward": ((), torch.float32),
-            "discount": ((), torch.float32),
-            **{field_name("next_obs", key): spec for key, spec in obs.items()},
-        }
+        return nstep_fields(self.observation_space, self.branches.shape, torch.int64)
 
     # ------------------------------------------------------------ actor side
 

@@ -19,8 +19,24 @@ from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
+import torch
 
+from actorlearner.algorithms.base import torch_dtype
 from actorlearner.networks.leaves import field_name, leaf_arrays, leaf_fields
+
+
+def nstep_fields(observation_space: gym.Space, action_shape: tuple[int, ...],
+                 action_dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The replay item of an n-step transition: observation leaves in their own dtypes, the action,
+    the n-step reward and discount, and the next observation's leaves."""
+    obs = {key: (shape, torch_dtype(dtype)) for key, (shape, dtype) in leaf_fields(observation_space).items()}
+    return {
+        **{field_name("obs", key): spec for key, spec in obs.items()},
+        "action": (action_shape, action_dtype),
+        "reward": ((), torch.float32),
+        "discount": ((), torch.float32),
+        **{field_name("next_obs", key): spec for key, spec in obs.items()},
+    }
 
 
 class NStepAssembler:

@@ -18,9 +18,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from actorlearner.algorithms.base import FlatState, SampleLike, TransitionFields, torch_dtype
-from actorlearner.algorithms.nstep import NStepAssembler
-from actorlearner.networks import ObservationEncoder, UnsupportedSpace, field_name, leaf_arrays, leaf_fields
+from actorlearner.algorithms.base import FlatState, SampleLike, TransitionFields
+from actorlearner.algorithms.nstep import NStepAssembler, nstep_fields
+from actorlearner.networks import (
+    ObservationEncoder,
+    UnsupportedSpace,
+    field_name,
+    leaf_arrays,
+    leaf_fields,
+)
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
@@ -129,14 +135,7 @@ class SAC:
         self.num_updates = 0
 
     def transition_fields(self) -> TransitionFields:
-        obs = {key: (shape, torch_dtype(dtype)) for key, (shape, dtype) in self._obs_leaves.items()}
-        return {
-            **{field_name("obs", key): spec for key, spec in obs.items()},
-            "action": (self.action_shape, torch.float32),
-            "reward": ((), torch.float32),
-            "discount": ((), torch.float32),
-            **{field_name("next_obs", key): spec for key, spec in obs.items()},
-        }
+        return nstep_fields(self.observation_space, self.action_shape, torch.float32)
 
     # ------------------------------------------------------------ actor side
 
