@@ -3,9 +3,10 @@
 Each field's docstring (the string literal under it) is its help text. A nested dataclass
 field becomes a group of options prefixed with its name unless it is marked ``flatten``.
 The algorithm named by ``--algorithm`` adds its own config dataclass as such a group
-(``--dqn-lr``, ``ACTORLEARNER_DQN_LR``, TOML table ``[dqn]``): see :func:`all_options` and
-:func:`build`. A field marked ``option: False`` is set by the program, never by the user.
-Precedence: command-line flag, then environment variable, then TOML file, then default.
+(``--dqn-lr``, ``ACTORLEARNER_DQN_LR``, TOML table ``[dqn]``), and its ``learner_defaults``
+replace the learner's own defaults: see :func:`all_options` and :func:`build`. A field marked
+``option: False`` is set by the program, never by the user. Precedence: command-line flag,
+then environment variable, then TOML file, then the algorithm's learner default, then default.
 """
 
 from __future__ import annotations
@@ -236,9 +237,11 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, algorithm: type | 
     """Add ``--config`` and one flag per option of ``cls`` (defaults left to :func:`build`), and of
     ``algorithm``'s config (prefixed with its name) when ``cls`` holds a learner."""
     parser.add_argument("--config", help="TOML file with settings (flags and env vars override it)")
+    defaults = algorithm_defaults(cls, algorithm)
     for opt in all_options(cls, algorithm):
+        default = _show(defaults.get(opt.path, opt.default))
         parser.add_argument(opt.flag, dest=_dest(opt), default=None, metavar=_metavar(opt.kind),
-                            help=f"{opt.help} [default: {_show(opt.default)}; env {opt.env_var}]")
+                            help=f"{opt.help} [default: {default}; env {opt.env_var}]")
 
 
 def all_options(cls: type, algorithm: type | None = None) -> list[Option]:
@@ -246,6 +249,19 @@ def all_options(cls: type, algorithm: type | None = None) -> list[Option]:
     if algorithm is None or _learner_path(cls) is None:
         return options(cls)
     return options(cls) + options(algorithm.config_class, f"{algorithm.name}-", (algorithm.name,))
+
+
+def algorithm_defaults(cls: type, algorithm: type | None) -> dict[tuple[str, ...], Any]:
+    """``algorithm``'s ``learner_defaults`` keyed by their option paths in ``cls``; ValueError names an
+    entry that is no learner option."""
+    path = _learner_path(cls)
+    wanted = dict(getattr(algorithm, "learner_defaults", None) or {}) if path is not None else {}
+    learner_options = {opt.path[-1] for opt in options(LearnerConfig)}
+    unknown = sorted(set(wanted) - learner_options)
+    if unknown:
+        raise ValueError(f"algorithm {algorithm.name}: learner_defaults names no learner option: {', '.join(unknown)}")
+    prefix = (path,) if path else ()
+    return {prefix + (name,): value for name, value in wanted.items()}
 
 
 def build(cls: type, args: argparse.Namespace | None = None, environ: typing.Mapping[str, str] | None = None,
@@ -260,13 +276,13 @@ def build(cls: type, args: argparse.Namespace | None = None, environ: typing.Map
     if args is not None and getattr(args, "config", None):
         with open(args.config, "rb") as fh:
             table = tomllib.load(fh)
-    config = _build(cls, "", args, environ, table)
+    config = _build(cls, "", args, environ, table, algorithm_defaults(cls, algorithm))
     path = _learner_path(cls)
     if algorithm is None or path is None:
         return config
     sub = table.get(algorithm.name, {})
     algorithm_config = _build(algorithm.config_class, f"{algorithm.name}-", args, environ,
-                              sub if isinstance(sub, dict) else {})
+                              sub if isinstance(sub, dict) else {}, {})
     if not path:
         return dataclasses.replace(config, algorithm_config=algorithm_config)
     learner = dataclasses.replace(getattr(config, path), algorithm_config=algorithm_config)
@@ -299,8 +315,9 @@ def _learner_path(cls: type) -> str | None:
     return next((f.name for f in dataclasses.fields(cls) if typing.get_type_hints(cls)[f.name] is LearnerConfig), None)
 
 
-def _build(cls: type, prefix: str, args: argparse.Namespace | None, environ: typing.Mapping[str, str], table: dict):
-    values: dict[tuple[str, ...], Any] = {}
+def _build(cls: type, prefix: str, args: argparse.Namespace | None, environ: typing.Mapping[str, str], table: dict,
+           defaults: dict[tuple[str, ...], Any]):
+    values: dict[tuple[str, ...], Any] = dict(defaults)
     for opt in options(cls, prefix):
         raw = getattr(args, _dest(opt), None) if args is not None else None
         source = opt.flag

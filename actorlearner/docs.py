@@ -1,6 +1,7 @@
 """Regenerate the README's option tables from the config dataclasses: ``python -m actorlearner.docs``.
 
-One table per command and one per registered algorithm (its options, prefixed with its name).
+One table per command and one per registered algorithm (its options, prefixed with its name,
+then the learner defaults it sets).
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ def render(readme: str) -> str:
     for name in registry.REGISTERED:
         algorithm = registry.resolve(name)
         tables[name] = cfg.markdown_table(algorithm.config_class, f"{algorithm.name}-")
+        defaults = getattr(algorithm, "learner_defaults", None)
+        if defaults:
+            shown = ", ".join(f"`--{key.replace('_', '-')} {value}`" for key, value in defaults.items())
+            tables[name] += f"\n\nLearner defaults it sets (a flag, env var or TOML value overrides them): {shown}."
     for name, table in tables.items():
         block = f"<!-- options:{name} -->\n{table}\n<!-- /options:{name} -->"
         readme = re.sub(rf"<!-- options:{name} -->.*?<!-- /options:{name} -->", lambda _: block, readme, flags=re.S)

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 # Field name -> (per-item shape, dtype). A batch of a field has shape [B, *shape].
 TransitionFields = dict[str, tuple[tuple[int, ...], torch.dtype]]
@@ -54,6 +54,9 @@ class Algorithm(Protocol):
 
     Constructed as ``cls(observation_space, action_space, config, device=..., seed=...)``;
     raises `actorlearner.networks.UnsupportedSpace` naming a space it cannot learn from.
+    Optionally a class attribute ``learner_defaults`` maps learner options (LearnerConfig
+    fields) to the values it learns best with; they replace the learner's own defaults, and
+    a flag, env var or TOML value still wins over them.
     """
 
     name: ClassVar[str]
@@ -106,3 +109,56 @@ class Algorithm(Protocol):
 def torch_dtype(dtype: np.dtype | type) -> torch.dtype:
     """The torch dtype of a numpy dtype (for `transition_fields`)."""
     return torch.from_numpy(np.empty(0, np.dtype(dtype))).dtype
+
+
+def cpu_copy(t: Tensor) -> Tensor:
+    """A detached CPU copy: what state dicts hand out, never a view of live parameters."""
+    return t.detach().to("cpu", copy=True)
+
+
+def check_common_config(config: Any) -> None:
+    """Range checks for the fields most configs share (n_step, gamma, tau), where present."""
+    n_step, gamma, tau = (getattr(config, name, None) for name in ("n_step", "gamma", "tau"))
+    if n_step is not None and n_step < 1:
+        raise ValueError(f"n_step must be >= 1, got {n_step}")
+    if gamma is not None and not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    if tau is not None and not 0.0 < tau <= 1.0:
+        raise ValueError(f"tau must be in (0, 1], got {tau}")
+
+
+def modules_state(modules: Mapping[str, nn.Module], optimizers: Mapping[str, torch.optim.Optimizer]) -> FlatState:
+    """Networks as ``<name>.<param>`` and optimizer slots as ``<name>.<index>.<slot>``, CPU copies.
+
+    Optimizer hyperparameters are not stored: they come from the config on load.
+    """
+    out: FlatState = {}
+    for prefix, module in modules.items():
+        for name, t in module.state_dict().items():
+            out[f"{prefix}.{name}"] = cpu_copy(t)
+    for prefix, optimizer in optimizers.items():
+        for index, slots in optimizer.state_dict()["state"].items():
+            for slot, value in slots.items():
+                out[f"{prefix}.{index}.{slot}"] = cpu_copy(value) if isinstance(value, Tensor) else value
+    return out
+
+
+def load_modules_state(state: Mapping[str, Any], modules: Mapping[str, nn.Module],
+                       optimizers: Mapping[str, torch.optim.Optimizer], other_keys: tuple[str, ...] = ()) -> None:
+    """Restore what `modules_state` produced; keys outside it and ``other_keys`` raise KeyError."""
+    nets: dict[str, dict[str, Tensor]] = {prefix: {} for prefix in modules}
+    slots: dict[str, dict[int, dict[str, Any]]] = {prefix: {} for prefix in optimizers}
+    for key, value in state.items():
+        prefix, _, rest = key.partition(".")
+        if prefix in nets:
+            nets[prefix][rest] = torch.as_tensor(value)
+        elif prefix in slots:
+            index, _, slot = rest.partition(".")
+            slots[prefix].setdefault(int(index), {})[slot] = value
+        elif key not in other_keys:
+            raise KeyError(f"unexpected key in algorithm state: {key!r}")
+    for prefix, module in modules.items():
+        module.load_state_dict(nets[prefix])
+    for prefix, optimizer in optimizers.items():
+        groups = optimizer.state_dict()["param_groups"]
+        optimizer.load_state_dict({"state": slots[prefix], "param_groups": groups})

@@ -22,7 +22,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from actorlearner.algorithms.base import FlatState, SampleLike, TransitionFields
+from actorlearner.algorithms.base import (
+    FlatState,
+    SampleLike,
+    TransitionFields,
+    check_common_config,
+    cpu_copy,
+    load_modules_state,
+    modules_state,
+)
 from actorlearner.algorithms.nstep import NStepAssembler, nstep_fields
 from actorlearner.networks import (
     ActionBranches,
@@ -68,12 +76,7 @@ class DQNConfig:
 
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(int(h) for h in self.hidden_sizes)
-        if self.n_step < 1:
-            raise ValueError(f"n_step must be >= 1, got {self.n_step}")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
-        if not 0.0 < self.tau <= 1.0:
-            raise ValueError(f"tau must be in (0, 1], got {self.tau}")
+        check_common_config(self)
         if self.target_update_period < 1:
             raise ValueError(f"target_update_period must be >= 1, got {self.target_update_period}")
 
@@ -131,10 +134,6 @@ class QNetwork(nn.Module):
 
 
 # ---------------------------------------------------------------- algorithm
-
-
-def _cpu_copy(t: Tensor) -> Tensor:
-    return t.detach().to("cpu", copy=True)
 
 
 class DQN:
@@ -252,43 +251,21 @@ class DQN:
     # ------------------------------------------------------------ state
 
     def policy_state_dict(self) -> dict[str, Tensor]:
-        return {name: _cpu_copy(t) for name, t in self.online.state_dict().items()}
+        return {name: cpu_copy(t) for name, t in self.online.state_dict().items()}
 
     def load_policy_state_dict(self, state: Mapping[str, Tensor]) -> None:
         self.online.load_state_dict({name: torch.as_tensor(t) for name, t in state.items()})
 
     def state_dict(self) -> FlatState:
-        """Flat names -> CPU tensors / ints: `online.*`, `target.*`, `optimizer.<param>.<slot>`, `num_updates`.
-
-        Optimizer hyperparameters are not stored; they come from the config on load.
-        """
-        out: FlatState = {}
-        for prefix, net in (("online", self.online), ("target", self.target)):
-            for name, t in net.state_dict().items():
-                out[f"{prefix}.{name}"] = _cpu_copy(t)
-        for index, slots in self.optimizer.state_dict()["state"].items():
-            for slot, value in slots.items():
-                out[f"optimizer.{index}.{slot}"] = _cpu_copy(value) if isinstance(value, Tensor) else value
-        out["num_updates"] = self.num_updates
-        return out
+        """Flat names -> CPU tensors / ints: `online.*`, `target.*`, `optimizer.<param>.<slot>`, `num_updates`."""
+        return {**modules_state(self._modules(), {"optimizer": self.optimizer}), "num_updates": self.num_updates}
 
     def load_state_dict(self, state: Mapping[str, Tensor | int | float]) -> None:
-        nets: dict[str, dict[str, Tensor]] = {"online": {}, "target": {}}
-        optim_state: dict[int, dict[str, Tensor | int | float]] = {}
-        for key, value in state.items():
-            prefix, _, rest = key.partition(".")
-            if prefix in nets:
-                nets[prefix][rest] = torch.as_tensor(value)
-            elif prefix == "optimizer":
-                index, _, slot = rest.partition(".")
-                optim_state.setdefault(int(index), {})[slot] = value
-            elif key != "num_updates":
-                raise KeyError(f"unexpected key in DQN state: {key!r}")
-        self.online.load_state_dict(nets["online"])
-        self.target.load_state_dict(nets["target"])
-        param_groups = self.optimizer.state_dict()["param_groups"]
-        self.optimizer.load_state_dict({"state": optim_state, "param_groups": param_groups})
+        load_modules_state(state, self._modules(), {"optimizer": self.optimizer}, ("num_updates",))
         self.num_updates = int(state["num_updates"])
+
+    def _modules(self) -> dict[str, nn.Module]:
+        return {"online": self.online, "target": self.target}
 
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Algorithms by name: a registered one (``dqn``) or a user's own as ``package.module:Name``.
+"""Algorithms by name: a registered one (``dqn``, ``sac``, ``td3``) or a user's own as ``package.module:Name``.
 
 The learner, the actors, ``run`` and the config resolve ``--algorithm`` (and the name in a
 Welcome's settings) here, and know nothing else about any algorithm.
@@ -17,7 +17,11 @@ import torch
 
 from actorlearner.algorithms.base import Algorithm
 
-REGISTERED = {"dqn": "actorlearner.algorithms.dqn:DQN", "sac": "actorlearner.algorithms.sac:SAC"}
+REGISTERED = {
+    "dqn": "actorlearner.algorithms.dqn:DQN",
+    "sac": "actorlearner.algorithms.sac:SAC",
+    "td3": "actorlearner.algorithms.td3:TD3",
+}
 """Registered algorithm names -> ``module:Class``; imported only when named."""
 
 _REQUIRED = ("name", "config_class", "transition_fields", "make_assembler", "exploration", "act",

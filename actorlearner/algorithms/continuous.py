@@ -1,0 +1,206 @@
+"""What SAC and TD3 share: exact Box rescaling, twin critics with Polyak targets, n-step items, state.
+
+Actions live in the unit box [-1, 1]^A inside the networks and are rescaled per dimension to
+the env's own bounds, ``a = low + (u + 1) / 2 * (high - low)``, so asymmetric and per-dimension
+bounds are exact and nothing an actor sends can leave them. Critics read the unit action.
+Actors receive the actor network only; new items go in at the learner's maximum priority.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from actorlearner.algorithms.base import (
+    FlatState,
+    SampleLike,
+    TransitionFields,
+    cpu_copy,
+    load_modules_state,
+    modules_state,
+)
+from actorlearner.algorithms.nstep import NStepAssembler, nstep_fields
+from actorlearner.networks import ObservationEncoder, UnsupportedSpace, field_name, leaf_arrays, leaf_fields
+
+LEARNER_DEFAULTS: Mapping[str, Any] = {"batch_size": 256, "samples_per_insert": 128.0, "min_replay_size": 1_000}
+"""Learner options SAC and TD3 learn Pendulum-v1 with: half an update of 256 per env step."""
+
+
+def mlp(width: int, hidden_sizes: tuple[int, ...], out: int) -> nn.Sequential:
+    """Linear-ReLU layers of ``hidden_sizes`` then a linear layer to ``out``."""
+    layers: list[nn.Module] = []
+    for size in hidden_sizes:
+        layers += [nn.Linear(width, size), nn.ReLU()]
+        width = size
+    return nn.Sequential(*layers, nn.Linear(width, out))
+
+
+class Critic(nn.Module):
+    """(observations, action in [-1, 1]) -> Q [B]."""
+
+    def __init__(self, observation_space: gym.Space, action_dim: int, hidden_sizes: tuple[int, ...],
+                 channel_order: str):
+        super().__init__()
+        self.encoder = ObservationEncoder(observation_space, (), channel_order)
+        self.mlp = mlp(self.encoder.output_dim + action_dim, hidden_sizes, 1)
+
+    def forward(self, obs: Mapping[str, Tensor], action: Tensor) -> Tensor:
+        return self.mlp(torch.cat([self.encoder(obs), action], dim=-1)).squeeze(-1)
+
+
+class Batch:
+    """A replay sample on the device: observation leaves, unit actions [B, A], rewards, discounts, IS weights."""
+
+    def __init__(self, algorithm: ContinuousActorCritic, sample: SampleLike):
+        data = {name: torch.as_tensor(value, device=algorithm.device) for name, value in sample.data.items()}
+        leaves = algorithm.observation_leaves
+        self.obs = {key: data[field_name("obs", key)] for key in leaves}
+        self.next_obs = {key: data[field_name("next_obs", key)] for key in leaves}
+        self.reward = data["reward"].float()
+        self.discount = data["discount"].float()
+        self.action = algorithm.to_unit(data["action"].reshape(len(self.reward), -1).float())
+        self.weights = torch.as_tensor(sample.weights, device=algorithm.device, dtype=torch.float32)
+
+
+class ContinuousActorCritic:
+    """Base of the Box-action actor-critics; a subclass makes its actor and writes `unit_action` and `update`.
+
+    Its config needs ``hidden_sizes``, ``channel_order``, ``lr``, ``gamma``, ``n_step``, ``tau``,
+    ``priority_eps`` and ``random_steps``.
+    """
+
+    name: ClassVar[str]
+    config_class: ClassVar[type]
+    learner_defaults: ClassVar[Mapping[str, Any]] = LEARNER_DEFAULTS
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: Any = None, *,
+                 device: str | torch.device = "cpu", seed: int = 0):
+        label = self.name.upper()
+        if not isinstance(action_space, gym.spaces.Box) or action_space.dtype.kind != "f":
+            raise UnsupportedSpace("action", action_space, reason=f"{label} needs a float Box action space")
+        if not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
+            raise UnsupportedSpace("action", action_space, reason=f"{label} needs finite action bounds")
+        self.config = config or self.config_class()
+        self.observation_space, self.action_space = observation_space, action_space
+        self.observation_leaves = leaf_fields(observation_space)  # raises UnsupportedSpace naming the space
+        self.action_shape = tuple(action_space.shape)
+        self.action_dim = int(np.prod(self.action_shape))
+        self.device = torch.device(device)
+        self.low = torch.as_tensor(action_space.low.reshape(-1), dtype=torch.float32, device=self.device)
+        self.high = torch.as_tensor(action_space.high.reshape(-1), dtype=torch.float32, device=self.device)
+        with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
+            torch.manual_seed(seed)
+            self.actor = self.make_actor()
+            self.critics = nn.ModuleList(self._critic() for _ in range(2))
+            self.target_critics = nn.ModuleList(self._critic() for _ in range(2))
+        self.target_critics.load_state_dict(self.critics.state_dict())
+        self.target_critics.requires_grad_(False)
+        for net in (self.actor, self.critics, self.target_critics):
+            net.to(self.device)
+        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=self.config.lr)
+        self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=self.config.lr)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.num_updates = 0
+        self._random_left = self.config.random_steps
+
+    def make_actor(self) -> nn.Module:
+        """The policy network, built under the seeded RNG; it is all that actors receive."""
+        raise NotImplementedError
+
+    def unit_action(self, obs: Mapping[str, Tensor], exploration: float) -> Tensor:
+        """Actions in [-1, 1]^A [B, A]: exploring when ``exploration`` > 0, the evaluation action at 0."""
+        raise NotImplementedError
+
+    def _critic(self) -> Critic:
+        return Critic(self.observation_space, self.action_dim, self.config.hidden_sizes, self.config.channel_order)
+
+    def transition_fields(self) -> TransitionFields:
+        return nstep_fields(self.observation_space, self.action_shape, torch.float32)
+
+    # ------------------------------------------------------------ actor side
+
+    def make_assembler(self, num_envs: int) -> NStepAssembler:
+        return NStepAssembler(num_envs, self.config.n_step, self.config.gamma, self.observation_space,
+                              self.action_shape, np.float32)
+
+    @torch.no_grad()
+    def act(self, obs: Any, exploration: float) -> np.ndarray:
+        """Actions inside the env's bounds [E, *shape]; uniform over them for the first ``random_steps``
+        exploring calls, then `unit_action`'s."""
+        leaves = {key: torch.as_tensor(array, device=self.device)
+                  for key, array in leaf_arrays(self.observation_space, obs).items()}
+        if exploration > 0 and self._random_left > 0:
+            self._random_left -= 1
+            batch = len(next(iter(leaves.values())))
+            unit = torch.rand((batch, self.action_dim), generator=self.generator, device=self.device) * 2 - 1
+        else:
+            unit = self.unit_action(leaves, exploration)
+        actions = self.to_env(unit).cpu().numpy()
+        return actions.reshape(len(actions), *self.action_shape).astype(self.action_space.dtype)
+
+    def initial_priorities(self, fields: Mapping[str, Tensor]) -> None:
+        """None: actors hold no critics, so new items go in at the learner's maximum priority."""
+        return None
+
+    # ------------------------------------------------------------ learner side
+
+    def critic_step(self, batch: Batch, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """One IS-weighted step of both critics toward ``target`` [B]; returns (|TD| mean of the twins, loss, Q1)."""
+        q1, q2 = (critic(batch.obs, batch.action) for critic in self.critics)
+        td1, td2 = target - q1, target - q2
+        loss = (batch.weights * (td1.pow(2) + td2.pow(2))).mean()
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.critic_optimizer.step()
+        return ((td1.abs() + td2.abs()) / 2).detach(), loss.detach(), q1.detach().mean()
+
+    def min_q(self, critics: nn.ModuleList, obs: Mapping[str, Tensor], action: Tensor) -> Tensor:
+        """The smaller of the twin estimates [B]."""
+        return torch.min(*(critic(obs, action) for critic in critics))
+
+    @torch.no_grad()
+    def polyak(self, targets: nn.Module, online: nn.Module) -> None:
+        """targets <- tau * online + (1 - tau) * targets."""
+        for target_param, param in zip(targets.parameters(), online.parameters()):
+            target_param.lerp_(param, self.config.tau)
+
+    def noise(self, shape: tuple[int, ...]) -> Tensor:
+        """Standard normal noise from the algorithm's own seeded generator."""
+        return torch.randn(shape, generator=self.generator, device=self.device)
+
+    def to_env(self, unit: Tensor) -> Tensor:
+        return self.low + (unit + 1) * 0.5 * (self.high - self.low)
+
+    def to_unit(self, action: Tensor) -> Tensor:
+        return ((action - self.low) / (self.high - self.low) * 2 - 1).clamp(-1, 1)
+
+    # ------------------------------------------------------------ state
+
+    def policy_state_dict(self) -> dict[str, Tensor]:
+        return {name: cpu_copy(t) for name, t in self.actor.state_dict().items()}
+
+    def load_policy_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        self.actor.load_state_dict({name: torch.as_tensor(t) for name, t in state.items()})
+
+    def modules(self) -> dict[str, nn.Module]:
+        """Every network checkpointed, by state prefix."""
+        return {"actor": self.actor, "critics": self.critics, "target_critics": self.target_critics}
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """Every optimizer checkpointed, by state prefix."""
+        return {"actor_optimizer": self.actor_optimizer, "critic_optimizer": self.critic_optimizer}
+
+    def state_dict(self) -> FlatState:
+        """Flat names -> CPU tensors / ints: networks, optimizer slots, the generator, the counter."""
+        return {**modules_state(self.modules(), self.optimizers()), "generator": self.generator.get_state(),
+                "num_updates": self.num_updates}
+
+    def load_state_dict(self, state: Mapping[str, Tensor | int | float]) -> None:
+        load_modules_state(state, self.modules(), self.optimizers(), ("generator", "num_updates"))
+        self.generator.set_state(torch.as_tensor(state["generator"]))
+        self.num_updates = int(state["num_updates"])

@@ -1,0 +1,133 @@
+"""TD3 (Fujimoto et al. 2018) for continuous (Box) actions, on n-step returns, with |TD| priorities.
+
+A deterministic actor ``a = tanh(mu(s))`` in the unit box, rescaled exactly to the env's
+bounds (`ContinuousActorCritic`); actors add Gaussian exploration noise, evaluation acts
+without it. Twin critics bootstrap from the smaller target estimate at a target action
+smoothed with clipped noise; the actor and the target networks move every
+``policy_delay`` critic updates.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+import gymnasium as gym
+import torch
+from torch import Tensor, nn
+
+from actorlearner.algorithms.base import SampleLike, check_common_config
+from actorlearner.algorithms.continuous import Batch, ContinuousActorCritic
+from actorlearner.networks import ObservationEncoder
+
+
+@dataclass
+class TD3Config:
+    """TD3 hyperparameters; the defaults learn Pendulum-v1. Noise scales are fractions of the
+    half-range of each action dimension (the unit box)."""
+
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    """Widths of the MLP hidden layers of the actor and of each critic."""
+    channel_order: str = "auto"
+    """Channel axis of image observations: hwc, chw, or auto."""
+    lr: float = 1e-3
+    """Adam learning rate of the actor and the critics."""
+    gamma: float = 0.99
+    """Per-step discount; the actors fold it into each transition's `discount`."""
+    n_step: int = 1
+    """Rewards summed per transition before bootstrapping."""
+    tau: float = 0.005
+    """Polyak step of the target networks each time the actor moves."""
+    exploration_noise: float = 0.1
+    """Std of the Gaussian noise actors add to the policy's action."""
+    policy_noise: float = 0.2
+    """Std of the target smoothing noise."""
+    noise_clip: float = 0.5
+    """Target smoothing noise is clipped to [-noise_clip, noise_clip]."""
+    policy_delay: int = 2
+    """Critic updates per actor (and target) update."""
+    random_steps: int = 0
+    """Vector-env steps each actor takes with uniform random actions before following the policy."""
+    priority_eps: float = 1e-6
+    """Added to |TD| so that no item's priority is zero."""
+
+    def __post_init__(self) -> None:
+        self.hidden_sizes = tuple(int(h) for h in self.hidden_sizes)
+        check_common_config(self)
+        for name in ("exploration_noise", "policy_noise", "noise_clip", "random_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.policy_delay < 1:
+            raise ValueError(f"policy_delay must be >= 1, got {self.policy_delay}")
+
+
+class Actor(nn.Module):
+    """Observations -> a deterministic action in [-1, 1]^A."""
+
+    def __init__(self, observation_space: gym.Space, action_dim: int, config: TD3Config):
+        super().__init__()
+        self.encoder = ObservationEncoder(observation_space, config.hidden_sizes, config.channel_order)
+        self.head = nn.Linear(self.encoder.output_dim, action_dim)
+
+    def forward(self, obs: Mapping[str, Tensor]) -> Tensor:
+        return torch.tanh(self.head(self.encoder(obs)))
+
+
+class TD3(ContinuousActorCritic):
+    """TD3 over any supported observation space and a Box action space."""
+
+    name: ClassVar[str] = "td3"
+    config_class: ClassVar[type] = TD3Config
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: TD3Config | None = None, *,
+                 device: str | torch.device = "cpu", seed: int = 0):
+        super().__init__(observation_space, action_space, config, device=device, seed=seed)
+        self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
+        self._last_actor_loss = torch.zeros((), device=self.device)  # a metric between actor steps
+
+    def make_actor(self) -> Actor:
+        return Actor(self.observation_space, self.action_dim, self.config)
+
+    def exploration(self, actor_index: int, num_actors: int) -> float:
+        """Every actor adds `exploration_noise`; 0 acts deterministically, as the evaluator does."""
+        return self.config.exploration_noise
+
+    def unit_action(self, obs: Mapping[str, Tensor], exploration: float) -> Tensor:
+        """The policy's action plus N(0, exploration) noise, kept inside the unit box."""
+        action = self.actor(obs)
+        if exploration > 0:
+            action = (action + exploration * self.noise(action.shape)).clamp(-1, 1)
+        return action
+
+    def update(self, sample: SampleLike) -> tuple[Tensor, dict[str, float]]:
+        """One critic step, and every `policy_delay` updates an actor step and the Polyak moves;
+        returns (|TD| + eps [B], metrics)."""
+        batch = Batch(self, sample)
+        config = self.config
+        with torch.no_grad():
+            next_action = self.target_actor(batch.next_obs)
+            smoothing = (config.policy_noise * self.noise(next_action.shape)).clamp(-config.noise_clip,
+                                                                                     config.noise_clip)
+            next_action = (next_action + smoothing).clamp(-1, 1)
+            target = batch.reward + batch.discount * self.min_q(self.target_critics, batch.next_obs, next_action)
+        td_abs, critic_loss, q_mean = self.critic_step(batch, target)
+
+        self.num_updates += 1
+        if self.num_updates % config.policy_delay == 0:
+            self.critics[0].requires_grad_(False)
+            actor_loss = -self.critics[0](batch.obs, self.actor(batch.obs)).mean()
+            self.critics[0].requires_grad_(True)
+            self.actor_optimizer.zero_grad(set_to_none=True)
+            actor_loss.backward()
+            self.actor_optimizer.step()
+            self.polyak(self.target_critics, self.critics)
+            self.polyak(self.target_actor, self.actor)
+            self._last_actor_loss = actor_loss.detach()
+        values = torch.stack([critic_loss, self._last_actor_loss, td_abs.mean(), q_mean]).tolist()
+        names = ("losses/critic_loss", "losses/actor_loss", "losses/td_abs", "losses/q_values")
+        return td_abs + config.priority_eps, dict(zip(names, values))
+
+    def modules(self) -> dict[str, nn.Module]:
+        return {**super().modules(), "target_actor": self.target_actor}
