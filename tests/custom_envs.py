@@ -165,6 +165,47 @@ GOAL_IMAGE_OPTIMAL_RETURN = 0.987
 """Shortest-path policy's mean return: ``goal_image_baselines(1000, seed=0)[1]`` with the defaults, measured."""
 
 
+class ReachEnv(gym.Env):
+    """Point at a target: continuous actions with asymmetric, per-dimension bounds.
+
+    Each step shows a target drawn uniformly inside the action box (low = [-1, 0], high = [3,
+    0.5]) and pays minus the squared distance of the action to it, per dimension in units of
+    that dimension's range; 10 steps an episode. Pointing at the middle scores -1.67, uniform
+    random actions -3.33, the target itself 0. An action outside the bounds (or not finite)
+    raises: any that an actor sent would end the run.
+    """
+
+    metadata = {"render_modes": []}
+    low, high = np.array([-1.0, 0.0], np.float32), np.array([3.0, 0.5], np.float32)
+
+    def __init__(self, max_steps: int = 10):
+        self.max_steps = max_steps
+        self.observation_space = spaces.Box(self.low, self.high, dtype=np.float32)
+        self.action_space = spaces.Box(self.low, self.high, dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return self._new_target(), {}
+
+    def step(self, action):
+        action = np.asarray(action)
+        if action.shape != (2,) or not np.isfinite(action).all() or not self.action_space.contains(
+                action.astype(np.float32)) or (action < self.low).any() or (action > self.high).any():
+            raise ValueError(f"action {action!r} outside the bounds {self.low} .. {self.high}")
+        reward = -float((((action - self.target) / (self.high - self.low)) ** 2).sum())
+        self.steps += 1
+        return self._new_target(), reward, False, self.steps >= self.max_steps, {}
+
+    def _new_target(self) -> np.ndarray:
+        self.target = self.np_random.uniform(self.low, self.high).astype(np.float32)
+        return self.target.copy()
+
+
+def reach() -> gym.Env:
+    return ReachEnv()
+
+
 def goal_image(**kwargs) -> gym.Env:
     return GoalImageEnv(**kwargs)
 

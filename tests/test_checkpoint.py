@@ -17,6 +17,8 @@ import torch
 
 from actorlearner import wire
 from actorlearner.algorithms.dqn import DQN, DQNConfig
+from actorlearner.algorithms.sac import SACConfig
+from actorlearner.algorithms.td3 import TD3Config
 from actorlearner.config import LearnerConfig
 from actorlearner.learner.checkpoint import (
     MAGIC, CheckpointError, CheckpointStore, load_rng_state, read_part, rng_state, write_part,
@@ -342,12 +344,22 @@ def learner_config(directory, device: str = "cpu", **overrides) -> LearnerConfig
     return LearnerConfig(**{**settings, **overrides})
 
 
+ALGORITHMS = {
+    "dqn": {"env": "CartPole-v1"},
+    "sac": {"env": "Pendulum-v1", "algorithm": "sac", "algorithm_config": SACConfig(hidden_sizes=(32, 32))},
+    "td3": {"env": "Pendulum-v1", "algorithm": "td3", "algorithm_config": TD3Config(hidden_sizes=(32, 32))},
+}
+"""Learner settings per algorithm for the resume test: DQN on CartPole, SAC and TD3 on Pendulum."""
+
+
 def ingest(learner: Learner, actor_id: str, seq: int, n: int = 32) -> bool:
-    """Insert one batch of random CartPole-shaped transitions as ``actor_id``'s ``seq``."""
+    """Insert one batch of random transitions in the learner's item layout as ``actor_id``'s ``seq``."""
     rng = np.random.default_rng(seq)
-    obs = rng.normal(size=(n, 4)).astype(np.float32)
-    fields = {"obs": obs, "action": rng.integers(0, 2, n), "reward": np.ones(n, np.float32),
-              "discount": np.full(n, 0.97, np.float32), "next_obs": obs + 0.1}
+    fields = {}
+    for name, (shape, dtype) in learner.algorithm.transition_fields().items():
+        values = rng.uniform(-1, 1, (n, *shape))
+        fields[name] = values.astype(np.float32) if dtype.is_floating_point else (values > 0).astype(np.int64)
+    fields.update(reward=np.ones(n, np.float32), discount=np.full(n, 0.97, np.float32))
     message = pb.ActorMessage.FromString(
         wire.encode_batch_message(seq, 0, n, wire.encode_batch(fields), wire.Codec.MSGPACK))
     record = learner.connect(pb.Hello(actor_id=actor_id, policy_version=-1))
@@ -373,9 +385,10 @@ def saved_seq_table(directory) -> dict:
     return {}
 
 
-def test_a_resumed_learner_continues_exactly_where_the_checkpoint_was(tmp_path, device):
-    """Model, optimizer, target, replay, priorities, limiter, counters, seq table and RNG all come back."""
-    config = learner_config(tmp_path, device)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_resumed_learner_continues_exactly_where_the_checkpoint_was(tmp_path, device, algorithm):
+    """Networks, optimizers, targets, replay, priorities, limiter, counters, seq table and RNG all come back."""
+    config = learner_config(tmp_path, device, **ALGORITHMS[algorithm])
     first = Learner(config)
     for seq in range(1, 9):
         assert ingest(first, "a", seq)

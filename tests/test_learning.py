@@ -52,7 +52,14 @@ def test_a_plugin_algorithm_from_a_test_module_trains_through_real_processes():
 
 
 @pytest.mark.learning
-def test_run_solves_pendulum_with_sac():
-    """Continuous actions: SAC, one 256-transition update per 2 inserted (the learner's defaults suit DQN)."""
-    run_until(-200, "--env", "Pendulum-v1", "--algorithm", "sac", "--samples-per-insert", "128",
-              "--batch-size", "256", "--min-replay-size", "1000")
+def test_run_solves_pendulum_with_sac_and_no_other_flag():
+    """Continuous actions: SAC's own learner defaults (256 per update, one update per 2 inserted)."""
+    run_until(-200, "--env", "Pendulum-v1", "--algorithm", "sac")
+
+
+@pytest.mark.learning
+def test_td3_learns_asymmetric_per_dimension_bounds_and_never_acts_outside_them():
+    """low = [-1, 0], high = [3, 0.5]: pointing at the middle scores -1.67, the targets 0. The env raises
+    on any action outside its bounds, so every action the actors and the evaluator sent was inside."""
+    result = run_until(-0.25, "--env", "custom_envs:reach", "--algorithm", "td3")
+    assert result["env_steps"] > 1000

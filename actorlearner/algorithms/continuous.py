@@ -25,7 +25,13 @@ from actorlearner.algorithms.base import (
     modules_state,
 )
 from actorlearner.algorithms.nstep import NStepAssembler, nstep_fields
-from actorlearner.networks import ObservationEncoder, UnsupportedSpace, field_name, leaf_arrays, leaf_fields
+from actorlearner.networks import (
+    ObservationEncoder,
+    UnsupportedSpace,
+    field_name,
+    leaf_arrays,
+    leaf_fields,
+)
 
 LEARNER_DEFAULTS: Mapping[str, Any] = {"batch_size": 256, "samples_per_insert": 128.0, "min_replay_size": 1_000}
 """Learner options SAC and TD3 learn Pendulum-v1 with: half an update of 256 per env step."""
@@ -174,7 +180,8 @@ class ContinuousActorCritic:
         return torch.randn(shape, generator=self.generator, device=self.device)
 
     def to_env(self, unit: Tensor) -> Tensor:
-        return self.low + (unit + 1) * 0.5 * (self.high - self.low)
+        """Unit-box actions rescaled to the bounds; the clamp absorbs float rounding at the edges."""
+        return (self.low + (unit + 1) * 0.5 * (self.high - self.low)).clamp(self.low, self.high)
 
     def to_unit(self, action: Tensor) -> Tensor:
         return ((action - self.low) / (self.high - self.low) * 2 - 1).clamp(-1, 1)
