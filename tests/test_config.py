@@ -100,6 +100,37 @@ def test_a_user_algorithm_gets_options_prefixed_with_its_name(tmp_path):
         parse(cfg.LearnerConfig, ["--dqn-lr", "0.01"], Tabular)
 
 
+class Picky(Tabular):
+    """A user algorithm with learner defaults of its own."""
+
+    learner_defaults: ClassVar[dict] = {"batch_size": 256, "samples_per_insert": 64.0}
+
+
+def test_an_algorithms_learner_defaults_replace_the_learners_and_lose_to_any_user_value(tmp_path, capsys):
+    learner = cfg.build(cfg.LearnerConfig, parse(cfg.LearnerConfig, [], Picky), {}, Picky)
+    assert (learner.batch_size, learner.samples_per_insert) == (256, 64.0)
+    assert learner.min_replay_size == cfg.LearnerConfig.min_replay_size  # not among its defaults
+    toml = tmp_path / "t.toml"
+    toml.write_text("samples_per_insert = 32.0\n")
+    run = cfg.build(cfg.RunConfig, parse(cfg.RunConfig, ["--config", str(toml), "--batch-size", "16"], Picky),
+                    {}, Picky)
+    assert (run.learner.batch_size, run.learner.samples_per_insert) == (16, 32.0)  # flag, TOML
+    learner = cfg.build(cfg.LearnerConfig, parse(cfg.LearnerConfig, [], Picky), {"ACTORLEARNER_BATCH_SIZE": "8"},
+                        Picky)
+    assert learner.batch_size == 8  # env var
+    with pytest.raises(SystemExit):
+        parse(cfg.LearnerConfig, ["--help"], Picky)
+    assert "[default: 256; env ACTORLEARNER_BATCH_SIZE]" in " ".join(capsys.readouterr().out.split())
+
+
+def test_learner_defaults_naming_no_learner_option_are_refused():
+    class Typo(Tabular):
+        learner_defaults: ClassVar[dict] = {"batch_sise": 256}
+
+    with pytest.raises(ValueError, match="learner_defaults names no learner option: batch_sise"):
+        cfg.build(cfg.LearnerConfig, None, {}, Typo)
+
+
 def test_algorithm_name_precedence_flag_env_toml_default(tmp_path):
     toml = tmp_path / "a.toml"
     toml.write_text('algorithm = "from_toml:Algo"\n')
