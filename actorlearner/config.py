@@ -190,14 +190,14 @@ class RunConfig:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """Docstrings written under each field of a dataclass."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
+    """Docstrings written under each field of a dataclass and of the dataclasses it extends."""
     docs = {}
-    for node, nxt in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
-            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        for node, nxt in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
+                docs[node.target.id] = " ".join(str(nxt.value.value).split())
     return docs
 
 

@@ -9,6 +9,7 @@ Actors receive the actor network only; new items go in at the learner's maximum 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -20,6 +21,7 @@ from actorlearner.algorithms.base import (
     FlatState,
     SampleLike,
     TransitionFields,
+    check_common_config,
     cpu_copy,
     load_modules_state,
     modules_state,
@@ -35,6 +37,34 @@ from actorlearner.networks import (
 
 LEARNER_DEFAULTS: Mapping[str, Any] = {"batch_size": 256, "samples_per_insert": 128.0, "min_replay_size": 1_000}
 """Learner options SAC and TD3 learn Pendulum-v1 with: half an update of 256 per env step."""
+
+
+@dataclass
+class ContinuousConfig:
+    """Hyperparameters SAC and TD3 share; each extends it with its own."""
+
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    """Widths of the MLP hidden layers of the actor and of each critic."""
+    channel_order: str = "auto"
+    """Channel axis of image observations: hwc, chw, or auto."""
+    lr: float = 1e-3
+    """Adam learning rate of every network and, in SAC, of the temperature."""
+    gamma: float = 0.99
+    """Per-step discount; the actors fold it into each transition's `discount`."""
+    n_step: int = 1
+    """Rewards summed per transition before bootstrapping."""
+    tau: float = 0.005
+    """Polyak step of the target networks each time they move."""
+    random_steps: int = 0
+    """Vector-env steps each actor takes with uniform random actions before following the policy."""
+    priority_eps: float = 1e-6
+    """Added to |TD| so that no item's priority is zero."""
+
+    def __post_init__(self) -> None:
+        self.hidden_sizes = tuple(int(h) for h in self.hidden_sizes)
+        check_common_config(self)
+        if self.random_steps < 0:
+            raise ValueError(f"random_steps must be >= 0, got {self.random_steps}")
 
 
 def mlp(width: int, hidden_sizes: tuple[int, ...], out: int) -> nn.Sequential:
@@ -74,11 +104,8 @@ class Batch:
 
 
 class ContinuousActorCritic:
-    """Base of the Box-action actor-critics; a subclass makes its actor and writes `unit_action` and `update`.
-
-    Its config needs ``hidden_sizes``, ``channel_order``, ``lr``, ``gamma``, ``n_step``, ``tau``,
-    ``priority_eps`` and ``random_steps``.
-    """
+    """Base of the Box-action actor-critics; a subclass makes its actor and writes `unit_action` and
+    `update`. Its config class extends `ContinuousConfig`."""
 
     name: ClassVar[str]
     config_class: ClassVar[type]

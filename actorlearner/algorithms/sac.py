@@ -17,41 +17,22 @@ import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
-from actorlearner.algorithms.base import SampleLike, check_common_config
-from actorlearner.algorithms.continuous import Batch, ContinuousActorCritic
+from actorlearner.algorithms.base import SampleLike
+from actorlearner.algorithms.continuous import Batch, ContinuousActorCritic, ContinuousConfig
 from actorlearner.networks import ObservationEncoder
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
 @dataclass
-class SACConfig:
+class SACConfig(ContinuousConfig):
     """SAC hyperparameters; the defaults learn Pendulum-v1."""
 
-    hidden_sizes: tuple[int, ...] = (256, 256)
-    """Widths of the MLP hidden layers of the actor and of each critic."""
-    channel_order: str = "auto"
-    """Channel axis of image observations: hwc, chw, or auto."""
-    lr: float = 1e-3
-    """Adam learning rate of the actor, the critics and the temperature."""
-    gamma: float = 0.99
-    """Per-step discount; the actors fold it into each transition's `discount`."""
-    n_step: int = 1
-    """Rewards summed per transition before bootstrapping."""
-    tau: float = 0.005
-    """Polyak step of the target critics after every update."""
     initial_temperature: float = 1.0
     """Entropy temperature at the start; tuned toward an entropy of -action_dim."""
-    random_steps: int = 0
-    """Vector-env steps each actor takes with uniform random actions before sampling the policy."""
-    priority_eps: float = 1e-6
-    """Added to |TD| so that no item's priority is zero."""
 
     def __post_init__(self) -> None:
-        self.hidden_sizes = tuple(int(h) for h in self.hidden_sizes)
-        check_common_config(self)
-        if self.random_steps < 0:
-            raise ValueError(f"random_steps must be >= 0, got {self.random_steps}")
+        super().__post_init__()
         if self.initial_temperature <= 0:
             raise ValueError(f"initial_temperature must be > 0, got {self.initial_temperature}")
 

@@ -18,28 +18,16 @@ import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
-from actorlearner.algorithms.base import SampleLike, check_common_config
-from actorlearner.algorithms.continuous import Batch, ContinuousActorCritic
+from actorlearner.algorithms.base import SampleLike
+from actorlearner.algorithms.continuous import Batch, ContinuousActorCritic, ContinuousConfig
 from actorlearner.networks import ObservationEncoder
 
 
 @dataclass
-class TD3Config:
+class TD3Config(ContinuousConfig):
     """TD3 hyperparameters; the defaults learn Pendulum-v1. Noise scales are fractions of the
     half-range of each action dimension (the unit box)."""
 
-    hidden_sizes: tuple[int, ...] = (256, 256)
-    """Widths of the MLP hidden layers of the actor and of each critic."""
-    channel_order: str = "auto"
-    """Channel axis of image observations: hwc, chw, or auto."""
-    lr: float = 1e-3
-    """Adam learning rate of the actor and the critics."""
-    gamma: float = 0.99
-    """Per-step discount; the actors fold it into each transition's `discount`."""
-    n_step: int = 1
-    """Rewards summed per transition before bootstrapping."""
-    tau: float = 0.005
-    """Polyak step of the target networks each time the actor moves."""
     exploration_noise: float = 0.1
     """Std of the Gaussian noise actors add to the policy's action."""
     policy_noise: float = 0.2
@@ -48,15 +36,10 @@ class TD3Config:
     """Target smoothing noise is clipped to [-noise_clip, noise_clip]."""
     policy_delay: int = 2
     """Critic updates per actor (and target) update."""
-    random_steps: int = 0
-    """Vector-env steps each actor takes with uniform random actions before following the policy."""
-    priority_eps: float = 1e-6
-    """Added to |TD| so that no item's priority is zero."""
 
     def __post_init__(self) -> None:
-        self.hidden_sizes = tuple(int(h) for h in self.hidden_sizes)
-        check_common_config(self)
-        for name in ("exploration_noise", "policy_noise", "noise_clip", "random_steps"):
+        super().__post_init__()
+        for name in ("exploration_noise", "policy_noise", "noise_clip"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.policy_delay < 1:
