@@ -122,6 +122,10 @@ class Learner:
         # reseed and advance the generator the trainer samples with.
         self._eval_policy = algorithm_class(self.observation_space, self.action_space, self.algorithm_config,
                                             device="cpu", seed=config.seed)
+        policy = {name: (tuple(t.shape), t.dtype) for name, t in self._eval_policy.policy_state_dict().items()}
+        self._spec = pb.LearnerSpec(protocol_version=wire.PROTOCOL_VERSION, env_spec=self.env_spec,
+                                    algorithm=config.algorithm, algorithm_config=config_json(self.algorithm_config),
+                                    batch_fields=self.batch_fields, policy=field_specs(policy))
         self.replay = PrioritizedReplay(config.replay_capacity, self.fields, alpha=config.alpha, beta=config.beta,
                                         beta_steps=config.beta_steps, device=self.device)
         self.limiter = RateLimiter(config.min_replay_size, config.samples_per_insert, config.rate_error_buffer)
@@ -178,11 +182,8 @@ class Learner:
         return None
 
     def spec(self) -> pb.LearnerSpec:
-        """What an actor must send and will receive (the ``GetSpec`` answer)."""
-        policy = field_specs({name: (tuple(t.shape), t.dtype) for name, t in self._eval_policy.policy_state_dict().items()})
-        return pb.LearnerSpec(protocol_version=wire.PROTOCOL_VERSION, env_spec=self.env_spec,
-                              algorithm=self.config.algorithm, algorithm_config=config_json(self.algorithm_config),
-                              batch_fields=self.batch_fields, policy=policy)
+        """What an actor must send and will receive (the ``GetSpec`` answer), fixed at start."""
+        return self._spec
 
     def connect(self, hello: pb.Hello) -> ActorStream:
         """Open a stream for an actor id (known or new); while connected it holds a distinct Ape-X index."""
