@@ -82,7 +82,16 @@ def test_short_episodes_do_not_dominate():
     assert [env.resets for env in envs] == [3, 2, 2]
     assert [env.total_steps for env in envs] == [6, 6, 9]
     assert all(env.closed for env in envs)
-    assert max(batch_sizes) == 3 and batch_sizes[-1] == 1  # Finished envs leave the batch.
+    assert set(batch_sizes) == {3}  # Row i is always env i; a finished env's action is dropped.
+
+
+def test_a_recurrent_policy_is_told_where_episodes_begin():
+    make_env, _ = stairs_factory()
+    begun = []
+    evaluate(lambda obs: np.full(len(obs), 2), make_env, episodes=7, num_envs=3, seed=0,
+             reset_memory=lambda envs: begun.append(envs.copy()))
+    assert begun[0].tolist() == [True, True, True]  # every env's first episode
+    assert np.sum(begun, axis=0).tolist() == [3, 2, 2]  # each episode begins once: the shares
 
 
 def test_statistics():

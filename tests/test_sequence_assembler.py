@@ -52,6 +52,7 @@ def drive(assembler, memory, episode_lengths: list[int], steps: int, terminate: 
         items = assembler.push(obs, action, reward, done & terminate, done & ~terminate, next_obs)
         if items is not None:
             out += [{k: v[i] for k, v in items.items()} for i in range(len(items["mask"]))]
+        memory.reset(pending_reset)  # as the actor does after an autoreset step (the algorithm's reset_memory)
         pending_reset = done
         t, obs = next_t, next_obs
     return out
@@ -91,7 +92,7 @@ def test_an_episode_end_pads_the_sequence_and_the_next_episode_starts_fresh():
     np.testing.assert_array_equal(first["discount"], [GAMMA, GAMMA, 0.0, 0.0])  # terminated at its last step
     np.testing.assert_array_equal(first["reward"], [0, 1, 2, 0])
     assert second["obs"][0, 0] == 1 and second["obs"][0, 1] == 0  # episode 1 from its first observation
-    assert second["first"] and second["state/h"][0] == 0  # the memory was reset before the new episode
+    assert second["first"] and second["state/h"][0] == 0  # stored: the state reset before the new episode
 
 
 def test_truncation_keeps_the_discount_for_a_bootstrap_from_the_final_observation():

@@ -200,6 +200,8 @@ class Actor:
             returns[done], lengths[done] = 0.0, 0
             was_done = done
             self._collect(self.assembler.push(obs, actions, rewards, terminated, truncated, next_obs))
+            if hasattr(self.algorithm, "reset_memory") and not real.all():
+                self.algorithm.reset_memory(~real)  # autoreset envs begin episodes: a recurrent policy forgets
             obs = next_obs
             self._send_batches(self.session.settings)
             if time.monotonic() - last_stats >= self.config.stats_every:

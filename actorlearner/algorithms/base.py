@@ -56,7 +56,9 @@ class Algorithm(Protocol):
     raises `actorlearner.networks.UnsupportedSpace` naming a space it cannot learn from.
     Optionally a class attribute ``learner_defaults`` maps learner options (LearnerConfig
     fields) to the values it learns best with; they replace the learner's own defaults, and
-    a flag, env var or TOML value still wins over them.
+    a flag, env var or TOML value still wins over them. A recurrent algorithm also has
+    ``reset_memory(envs)``: the actor and the evaluator call it with a mask [E] of the envs
+    whose episodes begin, before it acts on their first observations.
     """
 
     name: ClassVar[str]

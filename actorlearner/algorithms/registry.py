@@ -1,4 +1,4 @@
-"""Algorithms by name: a registered one (``dqn``, ``sac``, ``td3``) or a user's own as ``package.module:Name``.
+"""Algorithms by name: a registered one (``dqn``, ``sac``, ``td3``, ``r2d2``) or a user's own as ``package.module:Name``.
 
 The learner, the actors, ``run`` and the config resolve ``--algorithm`` (and the name in a
 Welcome's settings) here, and know nothing else about any algorithm.
@@ -21,6 +21,7 @@ REGISTERED = {
     "dqn": "actorlearner.algorithms.dqn:DQN",
     "sac": "actorlearner.algorithms.sac:SAC",
     "td3": "actorlearner.algorithms.td3:TD3",
+    "r2d2": "actorlearner.algorithms.r2d2:R2D2",
 }
 """Registered algorithm names -> ``module:Class``; imported only when named."""
 

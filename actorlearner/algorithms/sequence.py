@@ -12,8 +12,8 @@ emitted and the next begins with its last ``overlap`` steps. An episode's end em
 sequence under way, padded; the next episode starts a new one.
 
 The policy's recurrent state lives in a `RecurrentState` the algorithm shares with its
-assembler: the assembler reads the state each step was acted from and resets the state
-of every env whose episode just ended, before the policy sees the next episode.
+assembler, which reads the state each step was acted from. Zeroing it when an episode
+starts is the algorithm's ``reset_memory``, which the actor calls after each autoreset.
 """
 
 from __future__ import annotations
@@ -33,10 +33,6 @@ class RecurrentState(Protocol):
 
     def acted_from(self) -> dict[str, np.ndarray]:
         """The states [E, ...] the latest actions were chosen from, by name."""
-        ...
-
-    def reset(self, envs: np.ndarray) -> None:
-        """Zero the state of the envs where the mask [E] is True."""
         ...
 
 
@@ -82,8 +78,7 @@ class SequenceAssembler:
         truncated = np.asarray(truncated, np.bool_)
         obs = leaf_arrays(self.observation_space, obs)
         next_obs = leaf_arrays(self.observation_space, next_obs)
-        resets = self._autoreset
-        live = ~resets
+        live = ~self._autoreset
         ended = live & (terminated | truncated)
         self._autoreset = ended
 
@@ -104,9 +99,6 @@ class SequenceAssembler:
         self._count[ended] = 0
         self._first[ended] = True
         self._carry_overlap(np.flatnonzero(full))
-        # The step after an episode's end is the autoreset (its action was ignored): the new
-        # episode's first observation comes next, and the policy meets it from a zero state.
-        self.memory.reset(resets)
         return out
 
     def flush(self) -> dict[str, np.ndarray] | None:

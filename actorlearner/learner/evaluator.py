@@ -50,12 +50,17 @@ def evaluate(
     episodes: int,
     num_envs: int,
     seed: int,
+    reset_memory: Callable[[np.ndarray], None] | None = None,
 ) -> EvalResult:
     """Run ``episodes`` greedy episodes over ``num_envs`` envs and summarize their returns.
 
-    ``policy_act`` maps a batch of observations of the envs still running (batched as a
-    vector env batches them: arrays ``[k, ...]``, dicts and tuples of them) to actions ``[k, ...]``. Env ``i`` is reset with ``seed + i`` once, then continues
-    its own RNG. Envs with no share (``num_envs > episodes``) are not created.
+    ``policy_act`` maps a batch of every env's observation (batched as a vector env batches
+    them: arrays ``[E, ...]``, dicts and tuples of them) to actions ``[E, ...]``; an env that
+    has done its share keeps its last observation in the batch and its action is dropped, so
+    row i is always env i (a recurrent policy keeps one state per row). ``reset_memory``, when
+    given, gets a mask [E] of the envs whose episodes begin, before their first observation is
+    acted on. Env ``i`` is reset with ``seed + i`` once, then continues its own RNG. Envs with
+    no share (``num_envs > episodes``) are not created.
     """
     shares = [s for s in episode_shares(episodes, num_envs) if s > 0]
     envs: list[gym.Env] = []
@@ -67,14 +72,17 @@ def evaluate(
         obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
         episode_return = [0.0] * len(envs)
         episode_length = [0] * len(envs)
-        active = list(range(len(envs)))
-        while active:
-            actions = np.asarray(policy_act(_batch(envs[0].observation_space, [obs[i] for i in active])))
-            if actions.shape[:1] != (len(active),):
-                raise ValueError(f"policy_act returned shape {actions.shape} for {len(active)} observations")
-            still_active = []
-            for i, action in zip(active, actions):
-                obs[i], reward, terminated, truncated, _ = envs[i].step(action)
+        active = np.ones(len(envs), bool)
+        begins = active.copy()
+        while active.any():
+            if reset_memory is not None and begins.any():
+                reset_memory(begins)
+            begins = np.zeros(len(envs), bool)
+            actions = np.asarray(policy_act(_batch(envs[0].observation_space, obs)))
+            if actions.shape[:1] != (len(envs),):
+                raise ValueError(f"policy_act returned shape {actions.shape} for {len(envs)} observations")
+            for i in np.flatnonzero(active):
+                obs[i], reward, terminated, truncated, _ = envs[i].step(actions[i])
                 episode_return[i] += float(reward)
                 episode_length[i] += 1
                 if terminated or truncated:
@@ -82,10 +90,10 @@ def evaluate(
                     lengths[i].append(episode_length[i])
                     episode_return[i], episode_length[i] = 0.0, 0
                     if len(returns[i]) == shares[i]:
-                        continue  # This env has done its share.
+                        active[i] = False  # This env has done its share.
+                        continue
                     obs[i] = envs[i].reset()[0]
-                still_active.append(i)
-            active = still_active
+                    begins[i] = True
     finally:
         for env in envs:
             env.close()

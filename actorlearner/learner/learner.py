@@ -363,7 +363,8 @@ class Learner:
         policy = self._eval_policy
         policy.load_policy_state_dict(wire.decode_state_dict(self.broadcast.payload))
         result = evaluate(lambda obs: policy.act(obs, 0.0), lambda: make_env(self.config.env, self.config.security),
-                          self.config.eval_episodes, self.config.eval_envs, self.config.seed + 10_000 * self.evaluations)
+                          self.config.eval_episodes, self.config.eval_envs, self.config.seed + 10_000 * self.evaluations,
+                          getattr(policy, "reset_memory", None))
         self.evaluations += 1
         self.eval_mean = result.mean
         self.telemetry.scalars({telemetry.EVAL_MEAN_RETURN: result.mean, telemetry.EVAL_STD_RETURN: result.std}, self.env_steps)
