@@ -206,6 +206,41 @@ def reach() -> gym.Env:
     return ReachEnv()
 
 
+class MemoryCueEnv(gym.Env):
+    """Remember a cue: it is shown at the first step only; after a delay of ``min_delay`` to
+    ``max_delay`` blank steps a go signal asks for it, and naming it pays +1, anything else -1.
+
+    Observations are [cue is 0, cue is 1, go]; actions Discrete(2), ignored before the go
+    signal. A policy without memory scores 0 on average; one that remembers scores 1.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, min_delay: int = 8, max_delay: int = 10):
+        self.min_delay, self.max_delay = min_delay, max_delay
+        self.observation_space = spaces.Box(0.0, 1.0, (3,), np.float32)
+        self.action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.cue = int(self.np_random.integers(2))
+        self.delay = int(self.np_random.integers(self.min_delay, self.max_delay + 1))
+        self.steps = 0
+        obs = np.zeros(3, np.float32)
+        obs[self.cue] = 1.0
+        return obs, {}
+
+    def step(self, action):
+        if self.steps == self.delay:  # the go step: the answer counts
+            return np.zeros(3, np.float32), (1.0 if int(action) == self.cue else -1.0), True, False, {}
+        self.steps += 1
+        return np.array([0.0, 0.0, float(self.steps == self.delay)], np.float32), 0.0, False, False, {}
+
+
+def memory_cue() -> gym.Env:
+    return MemoryCueEnv()
+
+
 def goal_image(**kwargs) -> gym.Env:
     return GoalImageEnv(**kwargs)
 

@@ -63,3 +63,21 @@ def test_td3_learns_asymmetric_per_dimension_bounds_and_never_acts_outside_them(
     on any action outside its bounds, so every action the actors and the evaluator sent was inside."""
     result = run_until(-0.25, "--env", "custom_envs:reach", "--algorithm", "td3")
     assert result["env_steps"] > 1000
+
+
+@pytest.mark.learning
+def test_r2d2_remembers_a_cue_that_feed_forward_dqn_cannot():
+    """The cue shows at the first step only and is asked for 8 to 10 steps later (+1 right, -1 wrong)."""
+    run_until(0.9, "--env", "custom_envs:memory_cue", "--algorithm", "r2d2")
+
+
+@pytest.mark.learning
+def test_feed_forward_dqn_stays_near_zero_on_the_memory_task():
+    """Without memory the best policy is a guess: over 200 evaluation episodes its mean stays near 0 (sd 0.07)."""
+    done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--actors", "2", "--seed", "0",
+                           "--env", "custom_envs:memory_cue", "--target-return", "0.9", "--max-seconds", "40",
+                           "--eval-episodes", "200"],
+                          capture_output=True, text=True, timeout=300, env=CHILD_ENV)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["solved"] is False and abs(result["eval_return"]) <= 0.3, result
+    assert result["updates"] > 500  # it trained, and still cannot tell the cue
