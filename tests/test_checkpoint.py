@@ -17,6 +17,7 @@ import torch
 
 from actorlearner import wire
 from actorlearner.algorithms.dqn import DQN, DQNConfig
+from actorlearner.algorithms.r2d2 import R2D2Config
 from actorlearner.algorithms.sac import SACConfig
 from actorlearner.algorithms.td3 import TD3Config
 from actorlearner.config import LearnerConfig
@@ -348,8 +349,12 @@ ALGORITHMS = {
     "dqn": {"env": "CartPole-v1"},
     "sac": {"env": "Pendulum-v1", "algorithm": "sac", "algorithm_config": SACConfig(hidden_sizes=(32, 32))},
     "td3": {"env": "Pendulum-v1", "algorithm": "td3", "algorithm_config": TD3Config(hidden_sizes=(32, 32))},
+    "r2d2": {"env": "CartPole-v1", "algorithm": "r2d2",
+             "algorithm_config": R2D2Config(sequence_length=6, overlap=2, burn_in=2, core_size=16, hidden_sizes=(16,),
+                                            target_update_period=7)},
 }
-"""Learner settings per algorithm for the resume test: DQN on CartPole, SAC and TD3 on Pendulum."""
+"""Learner settings per algorithm for the resume test: DQN and R2D2 (sequences) on CartPole, SAC and TD3 on
+Pendulum."""
 
 
 def ingest(learner: Learner, actor_id: str, seq: int, n: int = 32) -> bool:
@@ -358,8 +363,8 @@ def ingest(learner: Learner, actor_id: str, seq: int, n: int = 32) -> bool:
     fields = {}
     for name, (shape, dtype) in learner.algorithm.transition_fields().items():
         values = rng.uniform(-1, 1, (n, *shape))
-        fields[name] = values.astype(np.float32) if dtype.is_floating_point else (values > 0).astype(np.int64)
-    fields.update(reward=np.ones(n, np.float32), discount=np.full(n, 0.97, np.float32))
+        fields[name] = (values if dtype.is_floating_point else values > 0).astype(wire.np_dtype(dtype))
+    fields.update(reward=np.ones_like(fields["reward"]), discount=np.full_like(fields["discount"], 0.97))
     message = pb.ActorMessage.FromString(
         wire.encode_batch_message(seq, 0, n, wire.encode_batch(fields), wire.Codec.MSGPACK))
     record = learner.connect(pb.Hello(actor_id=actor_id, policy_version=-1))

@@ -1,4 +1,5 @@
-"""Exactly once across broken streams, and chunked policy broadcast, against a live in-process learner."""
+"""Exactly once across broken streams, and chunked policy broadcast, against a live in-process learner:
+DQN's transitions and R2D2's sequences alike."""
 
 import time
 
@@ -8,6 +9,8 @@ import torch
 
 from actorlearner import wire
 from actorlearner.actor.link import LearnerLink
+from actorlearner.algorithms import make_algorithm
+from actorlearner.algorithms.r2d2 import R2D2Config
 from actorlearner.config import LearnerConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.server import serve
@@ -15,26 +18,29 @@ from actorlearner.v1 import learner_pb2 as pb
 from procs import wait_until
 from tcp_proxy import TcpProxy
 
-BATCH = 16  # transitions per batch
+BATCH = 16  # items (transitions or sequences) per batch
 SEQS, CUTS, HELD = 200, 4, 4  # batches in all, connection cuts, batches in flight at each cut
+ALGORITHMS = {"dqn": {}, "r2d2": {"algorithm": "r2d2", "algorithm_config": R2D2Config(sequence_length=8, overlap=4,
+                                                                                      burn_in=2, core_size=16)}}
 
 
-@pytest.fixture
-def learner():
-    return Learner(LearnerConfig(env="CartPole-v1", replay_capacity=10_000, eval_every=0, max_unacked=8))
+@pytest.fixture(params=list(ALGORITHMS))
+def learner(request):
+    return Learner(LearnerConfig(env="CartPole-v1", replay_capacity=10_000, eval_every=0, max_unacked=8,
+                                 **ALGORITHMS[request.param]))
 
 
 def make_hello(learner: Learner, actor_id: str) -> pb.Hello:
-    return pb.Hello(actor_id=actor_id, protocol_version=wire.PROTOCOL_VERSION, algorithm="dqn",
-                    env_spec=learner.env_spec, policy_version=-1)
+    return pb.Hello(actor_id=actor_id, protocol_version=wire.PROTOCOL_VERSION, algorithm=learner.config.algorithm,
+                    env_spec=learner.env_spec, batch_fields=learner.batch_fields, policy_version=-1)
 
 
-def batch_for(seq: int) -> bytes:
-    """A batch whose transitions carry (seq, i) in obs, so the buffer shows what arrived how often."""
-    obs = np.zeros((BATCH, 4), np.float32)
-    obs[:, 0], obs[:, 1] = seq, np.arange(BATCH)
-    fields = {"obs": obs, "action": np.zeros(BATCH, np.int64), "reward": np.ones(BATCH, np.float32),
-              "discount": np.full(BATCH, 0.99, np.float32), "next_obs": obs.copy()}
+def batch_for(learner: Learner, seq: int) -> bytes:
+    """A batch whose items carry (seq, i) in their first observation values, so the buffer shows what
+    arrived how often."""
+    fields = {name: np.zeros((BATCH, *shape), wire.np_dtype(dtype)) for name, (shape, dtype) in learner.fields.items()}
+    marks = fields["obs"].reshape(BATCH, -1)
+    marks[:, 0], marks[:, 1] = seq, np.arange(BATCH)
     return wire.encode_batch_message(seq, 0, BATCH, wire.encode_batch(fields), wire.Codec.MSGPACK)
 
 
@@ -56,7 +62,7 @@ def test_cut_streams_lose_nothing_acked_and_insert_nothing_twice(learner):
             nonlocal seq
             for _ in range(n):
                 seq += 1
-                assert link.send_batch(seq, batch_for(seq), timeout=60)
+                assert link.send_batch(seq, batch_for(learner, seq), timeout=60)
 
         for cut in range(CUTS):
             send(SEQS // (CUTS + 1) - HELD)
@@ -76,7 +82,7 @@ def test_cut_streams_lose_nothing_acked_and_insert_nothing_twice(learner):
 
     assert in_flight_at_cut == [HELD] * CUTS and link.reconnects >= CUTS
     state = learner.replay.state_dict()
-    obs = state["field.obs"].numpy()
+    obs = state["field.obs"].numpy().reshape(len(learner.replay), -1)
     counts = np.bincount(obs[:, 0].astype(np.int64), minlength=SEQS + 1)
     assert (counts[1:] == BATCH).all(), f"per-seq item counts: {dict(enumerate(counts))}"
     assert len(learner.replay) == BATCH * SEQS and learner.inserted_batches == SEQS
@@ -112,3 +118,20 @@ def test_state_dict_over_20mb_reaches_every_actor_intact(learner):
         assert set(state) == set(big)
         for name, tensor in big.items():
             assert state[name].dtype == tensor.dtype and torch.equal(state[name], tensor)
+
+
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_the_learners_own_network_goes_out_in_chunks_and_loads_on_an_actor(algorithm):
+    """The learner's policy (R2D2's includes its LSTM) in 4 KiB chunks, loaded by a network built as an actor builds it."""
+    learner = Learner(LearnerConfig(env="CartPole-v1", eval_every=0, chunk_bytes=4096, **ALGORITHMS[algorithm]))
+    with serve(learner, "127.0.0.1", 0) as port:
+        link = LearnerLink(f"127.0.0.1:{port}", make_hello(learner, "chunks"), 16 << 20).start()
+        learner.publish()
+        assert len(learner.broadcast.latest()[1]) > 3
+        got = wait_until(lambda: (p := link.take_policy()) and p.version == learner.version and p, 60,
+                         "the policy to arrive")
+        link.close()
+    actor_side = make_algorithm(algorithm, learner.observation_space, learner.action_space, learner.algorithm_config)
+    actor_side.load_policy_state_dict(got.state)
+    for name, tensor in learner.algorithm.policy_state_dict().items():
+        assert torch.equal(actor_side.policy_state_dict()[name], tensor), name
