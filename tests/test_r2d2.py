@@ -115,3 +115,27 @@ def test_state_round_trip_continues_bit_exactly():
     b, _ = resumed.update(s)
     torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert set(resumed.policy_state_dict()) == {k for k in algo.policy_state_dict()}
+
+
+def test_dict_observations_with_an_image_and_branched_actions_run_end_to_end():
+    """Sequences of a Dict observation (uint8 camera through the conv torso, a vector) with MultiDiscrete actions."""
+    space = gym.spaces.Dict({"camera": gym.spaces.Box(0, 255, (12, 12, 3), np.uint8),
+                             "state": gym.spaces.Box(-1, 1, (2,), np.float32)})
+    actions = gym.spaces.MultiDiscrete([3, 2])
+    algo = make_algorithm("r2d2", space, actions, {"sequence_length": 4, "overlap": 2, "burn_in": 1, "core_size": 8,
+                                                   "hidden_sizes": (8,)})
+    assert algo.transition_fields()["obs/camera"] == ((5, 12, 12, 3), torch.uint8)
+    assembler, rng, items = algo.make_assembler(2), np.random.default_rng(0), []
+    obs = {"camera": rng.integers(0, 256, (2, 12, 12, 3), np.uint8), "state": np.zeros((2, 2), np.float32)}
+    for _ in range(9):
+        act = algo.act(obs, 0.5)
+        assert all(actions.contains(a) for a in act)
+        next_obs = {"camera": rng.integers(0, 256, (2, 12, 12, 3), np.uint8), "state": rng.uniform(-1, 1, (2, 2))
+                    .astype(np.float32)}
+        out = assembler.push(obs, act, np.ones(2, np.float32), np.zeros(2, bool), np.zeros(2, bool), next_obs)
+        items += [out] if out is not None else []
+        obs = next_obs
+    data = {k: torch.as_tensor(np.concatenate([item[k] for item in items])) for k in items[0]}
+    priorities, metrics = algo.update(SimpleNamespace(weights=torch.ones(len(data["mask"])), data=data))
+    assert priorities.shape == (len(data["mask"]),) and torch.isfinite(priorities).all()
+    assert np.isfinite(list(metrics.values())).all()
