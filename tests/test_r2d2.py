@@ -139,3 +139,15 @@ def test_dict_observations_with_an_image_and_branched_actions_run_end_to_end():
     priorities, metrics = algo.update(SimpleNamespace(weights=torch.ones(len(data["mask"])), data=data))
     assert priorities.shape == (len(data["mask"]),) and torch.isfinite(priorities).all()
     assert np.isfinite(list(metrics.values())).all()
+
+
+def test_a_gru_core_keeps_one_state_and_learns_on_sequences():
+    algo = make(core="gru")
+    assert {name for name in algo.transition_fields() if name.startswith("state/")} == {"state/h"}
+    s = sample(algo)
+    del s.data["state/c"]
+    first, _ = algo.update(s)
+    for _ in range(200):
+        last, _ = algo.update(s)
+    assert last.mean() < first.mean() / 2
+    assert algo.act(np.zeros((3, 3), np.float32), 0.0).shape == (3,)
