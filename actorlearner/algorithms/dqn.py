@@ -136,7 +136,45 @@ class QNetwork(nn.Module):
 # ---------------------------------------------------------------- algorithm
 
 
-class DQN:
+class ApeXQLearner:
+    """What Ape-X DQN and R2D2 share: an online and a target Q network, one Adam optimizer,
+    per-actor Ape-X epsilons, epsilon-greedy over all action branches together, and state.
+
+    A subclass sets ``config`` (with ``epsilon_base`` and ``epsilon_alpha``), ``branches``,
+    ``online``, ``target``, ``optimizer``, ``num_updates`` and ``_rng``.
+    """
+
+    def exploration(self, actor_index: int, num_actors: int) -> float:
+        """Actor i's Ape-X epsilon."""
+        num_actors = max(num_actors, 1)
+        return apex_epsilons(num_actors, self.config.epsilon_base, self.config.epsilon_alpha)[actor_index % num_actors]
+
+    def epsilon_greedy(self, greedy: np.ndarray, exploration: np.ndarray | float) -> np.ndarray:
+        """Env actions from greedy branch indices [E, D]: each row all random with probability ``exploration``."""
+        n = greedy.shape[0]
+        explore = self._rng.random(n) < np.broadcast_to(np.asarray(exploration, dtype=np.float64), (n,))
+        random_actions = (self._rng.random(greedy.shape) * np.asarray(self.branches.sizes)).astype(np.int64)
+        return self.branches.from_indices(np.where(explore[:, None], random_actions, greedy))
+
+    def policy_state_dict(self) -> dict[str, Tensor]:
+        return {name: cpu_copy(t) for name, t in self.online.state_dict().items()}
+
+    def load_policy_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        self.online.load_state_dict({name: torch.as_tensor(t) for name, t in state.items()})
+
+    def state_dict(self) -> FlatState:
+        """Flat names -> CPU tensors / ints: `online.*`, `target.*`, `optimizer.<param>.<slot>`, `num_updates`."""
+        return {**modules_state(self._modules(), {"optimizer": self.optimizer}), "num_updates": self.num_updates}
+
+    def load_state_dict(self, state: Mapping[str, Tensor | int | float]) -> None:
+        load_modules_state(state, self._modules(), {"optimizer": self.optimizer}, ("num_updates",))
+        self.num_updates = int(state["num_updates"])
+
+    def _modules(self) -> dict[str, nn.Module]:
+        return {"online": self.online, "target": self.target}
+
+
+class DQN(ApeXQLearner):
     """Ape-X DQN over any supported observation space and discrete (possibly branched) actions."""
 
     name: ClassVar[str] = "dqn"
@@ -160,7 +198,6 @@ class DQN:
         self.target.to(self.device)
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=self.config.lr)
         self._rng = np.random.default_rng(seed)
-        self._sizes = np.asarray(self.branches.sizes)
 
     def transition_fields(self) -> TransitionFields:
         """One field per observation leaf in its own dtype (uint8 frames stay 4x smaller), then the
@@ -173,21 +210,12 @@ class DQN:
         return NStepAssembler(num_envs, self.config.n_step, self.config.gamma, self.observation_space,
                               self.branches.shape, np.int64)
 
-    def exploration(self, actor_index: int, num_actors: int) -> float:
-        """Actor i's Ape-X epsilon."""
-        num_actors = max(num_actors, 1)
-        return apex_epsilons(num_actors, self.config.epsilon_base, self.config.epsilon_alpha)[actor_index % num_actors]
-
     @torch.no_grad()
     def act(self, obs: Any, exploration: np.ndarray | float) -> np.ndarray:
         """Epsilon-greedy actions (all branches random together) in the env's action values."""
         leaves = {key: torch.as_tensor(array, device=self.device)
                   for key, array in leaf_arrays(self.observation_space, obs).items()}
-        greedy = self.online(leaves).argmax(dim=-1).cpu().numpy()  # [E, D]
-        n = greedy.shape[0]
-        explore = self._rng.random(n) < np.broadcast_to(np.asarray(exploration, dtype=np.float64), (n,))
-        random_actions = (self._rng.random(greedy.shape) * self._sizes).astype(np.int64)
-        return self.branches.from_indices(np.where(explore[:, None], random_actions, greedy))
+        return self.epsilon_greedy(self.online(leaves).argmax(dim=-1).cpu().numpy(), exploration)
 
     @torch.no_grad()
     def initial_priorities(self, fields: Mapping[str, Tensor]) -> Tensor:
@@ -248,27 +276,9 @@ class DQN:
         for target_param, online_param in zip(self.target.parameters(), self.online.parameters()):
             target_param.lerp_(online_param, tau)
 
-    # ------------------------------------------------------------ state
-
-    def policy_state_dict(self) -> dict[str, Tensor]:
-        return {name: cpu_copy(t) for name, t in self.online.state_dict().items()}
-
-    def load_policy_state_dict(self, state: Mapping[str, Tensor]) -> None:
-        self.online.load_state_dict({name: torch.as_tensor(t) for name, t in state.items()})
-
-    def state_dict(self) -> FlatState:
-        """Flat names -> CPU tensors / ints: `online.*`, `target.*`, `optimizer.<param>.<slot>`, `num_updates`."""
-        return {**modules_state(self._modules(), {"optimizer": self.optimizer}), "num_updates": self.num_updates}
-
-    def load_state_dict(self, state: Mapping[str, Tensor | int | float]) -> None:
-        load_modules_state(state, self._modules(), {"optimizer": self.optimizer}, ("num_updates",))
-        self.num_updates = int(state["num_updates"])
-
-    def _modules(self) -> dict[str, nn.Module]:
-        return {"online": self.online, "target": self.target}
-
 
 __all__ = [
+    "ApeXQLearner",
     "DQN",
     "DQNConfig",
     "QNetwork",

@@ -21,15 +21,11 @@ import torch
 from torch import Tensor, nn
 
 from actorlearner.algorithms.base import (
-    FlatState,
     SampleLike,
     TransitionFields,
     check_common_config,
-    cpu_copy,
-    load_modules_state,
-    modules_state,
 )
-from actorlearner.algorithms.dqn import apex_epsilons
+from actorlearner.algorithms.dqn import ApeXQLearner
 from actorlearner.algorithms.sequence import SequenceAssembler, sequence_fields
 from actorlearner.algorithms.sequence_math import n_step_targets, sequence_priorities
 from actorlearner.networks import (
@@ -150,7 +146,7 @@ class R2D2Memory:
             value[np.asarray(envs, bool)] = 0.0
 
 
-class R2D2:
+class R2D2(ApeXQLearner):
     """R2D2 over any supported observation space and discrete (possibly branched) actions."""
 
     name: ClassVar[str] = "r2d2"
@@ -179,7 +175,6 @@ class R2D2:
         self.memory = R2D2Memory(self.online.state_names, self.config.core_size)
         self.num_updates = 0
         self._rng = np.random.default_rng(seed)
-        self._sizes = np.asarray(self.branches.sizes)
 
     def transition_fields(self) -> TransitionFields:
         state_shapes = {name: (self.config.core_size,) for name in self.online.state_names}
@@ -193,11 +188,6 @@ class R2D2:
         return SequenceAssembler(num_envs, self.config.sequence_length, self.config.overlap, self.config.gamma,
                                  self.observation_space, self.branches.shape, np.int64, self.memory, state_shapes)
 
-    def exploration(self, actor_index: int, num_actors: int) -> float:
-        """Actor i's Ape-X epsilon."""
-        num_actors = max(num_actors, 1)
-        return apex_epsilons(num_actors, self.config.epsilon_base, self.config.epsilon_alpha)[actor_index % num_actors]
-
     @torch.no_grad()
     def act(self, obs: Any, exploration: float) -> np.ndarray:
         """One recurrent step per env from its remembered state; epsilon-greedy over all branches together."""
@@ -208,10 +198,7 @@ class R2D2:
                  for name, value in self.memory.current(num_envs).items()}
         q, new_state = self.online(leaves, state)
         self.memory.advance({name: value.cpu().numpy() for name, value in new_state.items()})
-        greedy = q[:, 0].argmax(dim=-1).cpu().numpy()  # [E, D]
-        explore = self._rng.random(num_envs) < exploration
-        random_actions = (self._rng.random(greedy.shape) * self._sizes).astype(np.int64)
-        return self.branches.from_indices(np.where(explore[:, None], random_actions, greedy))
+        return self.epsilon_greedy(q[:, 0].argmax(dim=-1).cpu().numpy(), exploration)
 
     def reset_memory(self, envs: np.ndarray) -> None:
         """Forget the recurrent state of the envs where ``envs`` [E] is True (their episodes begin)."""
@@ -271,22 +258,3 @@ class R2D2:
         values = torch.stack([loss.detach(), (td_abs * loss_mask).sum() / loss_mask.sum().clamp(min=1),
                               grad_norm.detach()]).tolist()
         return priorities, dict(zip(("losses/td_loss", "losses/td_abs", "losses/grad_norm"), values))
-
-    # ------------------------------------------------------------ state
-
-    def policy_state_dict(self) -> dict[str, Tensor]:
-        return {name: cpu_copy(t) for name, t in self.online.state_dict().items()}
-
-    def load_policy_state_dict(self, state: Mapping[str, Tensor]) -> None:
-        self.online.load_state_dict({name: torch.as_tensor(t) for name, t in state.items()})
-
-    def state_dict(self) -> FlatState:
-        """Flat names -> CPU tensors / ints: `online.*`, `target.*`, `optimizer.<param>.<slot>`, `num_updates`."""
-        return {**modules_state(self._modules(), {"optimizer": self.optimizer}), "num_updates": self.num_updates}
-
-    def load_state_dict(self, state: Mapping[str, Tensor | int | float]) -> None:
-        load_modules_state(state, self._modules(), {"optimizer": self.optimizer}, ("num_updates",))
-        self.num_updates = int(state["num_updates"])
-
-    def _modules(self) -> dict[str, nn.Module]:
-        return {"online": self.online, "target": self.target}
