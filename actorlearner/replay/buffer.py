@@ -13,13 +13,17 @@ from typing import Self
 import numpy as np
 import torch
 
-from actorlearner.replay.sumtree import SumTree
+from actorlearner.replay import kernels
+from actorlearner.replay.sumtree import CpuSumTree, SumTree
 
 FieldSpec = tuple[tuple[int, ...], torch.dtype]
 # The buffer only reads its inputs, so read-only arrays (views of a received payload) are fine.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable", module=re.escape(__name__))
 # Per-item bookkeeping stored in the same row as the item's fields.
 _KEY, _VERSION = "__key__", "__version__"
+_LOWEST_VERSION = int(np.iinfo(np.int64).min)  # "no version evicted" for the kernels
+_NUMPY_DTYPES = {torch.long: np.int64, torch.float64: np.float64}
+_PRIORITY_ERRORS = {kernels.NAN: "NaN", kernels.INFINITE: "infinite", kernels.NEGATIVE: "negative"}
 
 
 class NothingRecentEnough(ValueError):
@@ -54,6 +58,10 @@ class PrioritizedReplay:
     Stored priority of an item is ``(p + eps) ** alpha``. IS weights are
     ``(N * P(i)) ** -beta`` divided by the largest possible weight; ``beta`` anneals
     linearly to 1 over ``beta_steps`` calls to :meth:`sample`.
+
+    ``kernels``: on the CPU, ``"auto"`` runs add, sample and update as compiled kernels
+    (one call each, GIL released; :mod:`actorlearner.replay.kernels`); ``"torch"`` runs
+    the device path (batched torch operations, what CUDA runs) on any device.
     """
 
     def __init__(
@@ -66,6 +74,7 @@ class PrioritizedReplay:
         eps: float = 1e-6,
         device: str | torch.device = "cpu",
         branching: int = 16,
+        kernels: str = "auto",
     ):
         if not fields:
             raise ValueError("fields must name at least one field")
@@ -76,11 +85,24 @@ class PrioritizedReplay:
         self.fields = {name: (tuple(int(d) for d in shape), dtype) for name, (shape, dtype) in fields.items()}
         self.alpha, self.beta0, self.beta_steps, self.eps = alpha, beta, beta_steps, eps
         self.device = torch.device(device)
-        self._tree = SumTree(capacity, branching, self.device)
+        if kernels not in ("auto", "torch"):
+            raise ValueError(f"kernels must be 'auto' or 'torch', got {kernels!r}")
+        self.compiled = self.device.type == "cpu" and kernels == "auto"
+        self._tree = CpuSumTree(capacity, branching) if self.compiled else SumTree(capacity, branching, self.device)
         self._layout, row_bytes = _row_layout({**self.fields, _KEY: ((), torch.long), _VERSION: ((), torch.long)})
         self._rows = torch.zeros((capacity, row_bytes), dtype=torch.uint8, device=self.device)
         self._columns = _columns(self._rows, self._layout)
         self._keys, self._versions = self._columns[_KEY], self._columns[_VERSION]
+        if self.compiled:  # numpy views of the same memory, for the kernels
+            self._rows_np = self._rows.numpy()
+            self._words_np = self._rows_np.view(np.int64)
+            self._keys_np, self._versions_np = self._keys.numpy(), self._versions.numpy()
+            self._numpy_dtypes = {name: torch.empty(0, dtype=dtype).numpy().dtype
+                                  for name, (_, dtype) in self.fields.items()}
+            self._numpy_dtypes.update({_KEY: np.dtype(np.int64), _VERSION: np.dtype(np.int64)})
+            self._numpy_layout = [(name, self._numpy_dtypes[name], offset // self._numpy_dtypes[name].itemsize,
+                                   (offset + nbytes) // self._numpy_dtypes[name].itemsize, shape)
+                                  for name, (offset, nbytes, shape, _) in self._layout.items()]
         self._keys.fill_(-1)
         self._max_priority = 1.0
         self._inserted = 0
@@ -102,19 +124,19 @@ class PrioritizedReplay:
         frac = min(1.0, self._sample_calls / self.beta_steps)
         return self.beta0 + (1.0 - self.beta0) * frac
 
-    @torch.inference_mode()
     def add(self, batch: Mapping[str, torch.Tensor | np.ndarray], priorities=None,
             policy_version: int | torch.Tensor | np.ndarray = 0) -> torch.Tensor:
         """Store a batch; return its item keys. Without priorities, items get the max seen.
 
         A batch larger than the capacity keeps only its newest ``capacity`` items.
         """
-        columns = self._check_batch(batch)
-        n = next(iter(columns.values())).shape[0]
+        columns, n = self._check_batch(batch)
         versions = self._as_device(policy_version, torch.long)
-        if versions.dim() > 1 or versions.numel() not in (1, n):
+        if versions.ndim > 1 or math.prod(versions.shape) not in (1, n):
             raise ValueError(f"policy_version must be one int or one per item ({n}), got shape {tuple(versions.shape)}")
-        versions = versions.reshape(-1).expand(n)
+        versions = versions.reshape(-1)
+        if not self.compiled:  # the kernels take one version for all items as it is
+            versions = versions.expand(n)
         if priorities is not None:
             priorities = self._check_priorities(priorities, n)
         if n == 0:
@@ -124,12 +146,22 @@ class PrioritizedReplay:
         if n > self.capacity:
             skip = n - self.capacity
             columns = {name: col[skip:] for name, col in columns.items()}
-            versions = versions[skip:]
+            versions = versions[skip:] if len(versions) > 1 else versions
             priorities = None if priorities is None else priorities[skip:]
             self._inserted += skip
             n = self.capacity
 
         keys = torch.arange(self._inserted, self._inserted + n, device=self.device)
+        if self.compiled:
+            self._insert_compiled(columns, n, priorities, versions)
+        else:
+            self._insert_device(columns, n, priorities, versions, keys)
+        self._inserted += n
+        return keys
+
+    @torch.inference_mode()
+    def _insert_device(self, columns: dict[str, torch.Tensor], n: int, priorities, versions, keys) -> None:
+        """The device path of :meth:`add`: batched torch copies into the rows and the tree."""
         start = self._inserted % self.capacity
         if priorities is None:
             priorities = torch.full((n,), self._max_priority, dtype=torch.float64, device=self.device)
@@ -139,8 +171,18 @@ class PrioritizedReplay:
         self._write(self._keys, start, keys)
         self._write(self._versions, start, versions)
         self._write(None, start, leaf)
-        self._inserted += n
-        return keys
+
+    def _insert_compiled(self, columns: dict[str, np.ndarray], n: int, priorities, versions) -> None:
+        """The compiled path of :meth:`add`: each field's bytes, then keys, versions and leaves."""
+        start = self._inserted % self.capacity
+        for name, value in columns.items():
+            offset = self._layout[name][0]
+            kernels.scatter_column(self._rows_np, offset, start, np.ascontiguousarray(value).reshape(n, -1).view(np.uint8))
+        priorities = np.full(n, self._max_priority) if priorities is None else priorities
+        tree = self._tree
+        kernels.insert_items(tree.tree, tree.mins, tree.offsets, tree.branching, start, priorities, versions,
+                             self._min_version_or_lowest(), self.eps, self.alpha, self._keys_np, self._inserted,
+                             self._versions_np)
 
     def sample(self, batch_size: int, min_policy_version: int | None = None) -> Sample:
         """Draw ``batch_size`` items with probability proportional to their priority.
@@ -157,24 +199,42 @@ class PrioritizedReplay:
         beta = self.beta
         self._sample_calls += 1
 
+        if self.compiled and self._tree.total() > 0:
+            uniforms = torch.rand(batch_size, dtype=torch.float64).numpy()
+            slots, weights = np.empty(batch_size, dtype=np.int64), np.empty(batch_size, dtype=np.float32)
+            rows = np.empty((batch_size, self._words_np.shape[1]), dtype=np.int64)
+            tree = self._tree
+            kernels.sample_rows(tree.tree, tree.mins, tree.offsets, tree.branching, uniforms, beta,
+                                self._words_np, slots, weights, rows)
+            columns = self._numpy_columns(rows)
+            keys, versions = columns.pop(_KEY), columns.pop(_VERSION)
+            return Sample(keys, torch.from_numpy(weights), columns, versions)
         if self._tree.total() > 0:
             slots = self._tree.sample(batch_size)
             leaf = self._tree.leaves.index_select(0, slots)
             weights = leaf.div_(self._tree.min_positive()).pow_(-beta).float()
+            rows = _gather_rows(self._rows, slots)
         else:  # every eligible priority is zero: uniform over eligible items
             slots = self._uniform_eligible(batch_size)
             weights = torch.ones(batch_size, dtype=torch.float32, device=self.device)
-        columns = _columns(_gather_rows(self._rows, slots), self._layout)
+            rows = _gather_rows(self._rows, slots)
+        columns = _columns(rows, self._layout)
         keys, versions = columns.pop(_KEY), columns.pop(_VERSION)
         return Sample(keys, weights, columns, versions)
 
-    @torch.inference_mode()
     def update_priorities(self, indices, priorities) -> None:
         """Set new priorities for item keys from a :class:`Sample`.
 
         Keys whose slot has been overwritten since they were sampled are ignored; with
         repeated keys the last priority wins.
         """
+        if self.compiled:
+            self._update_compiled(indices, priorities)
+        else:
+            self._update_device(indices, priorities)
+
+    @torch.inference_mode()
+    def _update_device(self, indices, priorities) -> None:
         keys = self._as_device(indices, torch.long).reshape(-1)
         priorities = self._check_priorities(priorities, keys.shape[0])
         if keys.numel() == 0:
@@ -239,41 +299,84 @@ class PrioritizedReplay:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _as_device(self, value, dtype: torch.dtype) -> torch.Tensor:
+    def _as_device(self, value, dtype: torch.dtype) -> torch.Tensor | np.ndarray:
+        """``value`` as a tensor on the buffer's device, or as a contiguous numpy array for the kernels."""
+        if self.compiled:
+            return np.ascontiguousarray(_as_numpy(value), dtype=_NUMPY_DTYPES[dtype])
         if isinstance(value, np.ndarray):
             value = _from_numpy(value)
         return torch.as_tensor(value, device=self.device).to(dtype)
 
-    def _check_batch(self, batch: Mapping) -> dict[str, torch.Tensor]:
-        """Validate names, dtypes and shapes; return device tensors."""
+    def _check_batch(self, batch: Mapping) -> tuple[dict, int]:
+        """Validate names, dtypes and shapes; return the columns (numpy arrays for the
+        compiled kernels, device tensors otherwise) and the item count."""
         if not isinstance(batch, Mapping):
             raise ValueError(f"batch must be a mapping of field name to array, got {type(batch).__name__}")
-        missing, unknown = set(self.fields) - set(batch), set(batch) - set(self.fields)
-        if missing or unknown:
+        if batch.keys() != self.fields.keys():
+            missing, unknown = set(self.fields) - set(batch), set(batch) - set(self.fields)
             raise ValueError(f"batch fields do not match: missing {sorted(missing)}, unknown {sorted(unknown)}")
         columns, n = {}, None
         for name, (shape, dtype) in self.fields.items():
             value = batch[name]
-            if isinstance(value, np.ndarray):
+            if self.compiled and isinstance(value, torch.Tensor) and value.dtype == dtype:
+                value = value.detach().cpu().numpy()
+            elif not self.compiled and isinstance(value, np.ndarray):
                 value = _from_numpy(value)
-            if not isinstance(value, torch.Tensor):
+            if isinstance(value, np.ndarray):
+                if value.dtype != self._numpy_dtypes[name]:
+                    raise ValueError(f"field {name!r} has dtype {value.dtype}, expected {dtype}")
+            elif not isinstance(value, torch.Tensor):
                 raise ValueError(f"field {name!r} must be a tensor or ndarray, got {type(value).__name__}")
-            if value.dtype != dtype:
+            elif value.dtype != dtype:
                 raise ValueError(f"field {name!r} has dtype {value.dtype}, expected {dtype}")
-            if value.dim() != len(shape) + 1 or tuple(value.shape[1:]) != shape:
+            if value.ndim != len(shape) + 1 or tuple(value.shape[1:]) != shape:
                 raise ValueError(f"field {name!r} has shape {tuple(value.shape)}, expected (n, *{shape})")
             if n is not None and value.shape[0] != n:
                 raise ValueError(f"field {name!r} has {value.shape[0]} items, other fields have {n}")
             n = value.shape[0]
-            columns[name] = value.to(self.device, non_blocking=True)
-        return columns
+            columns[name] = value if self.compiled else value.to(self.device, non_blocking=True)
+        return columns, n
 
-    def _check_priorities(self, priorities, n: int) -> torch.Tensor:
+    def _update_compiled(self, indices, priorities) -> None:
+        """The compiled path of :meth:`update_priorities`."""
+        keys = self._as_device(indices, torch.long).reshape(-1)
+        priorities = self._as_device(priorities, torch.float64).reshape(-1)
+        if priorities.shape[0] != keys.shape[0]:
+            raise ValueError(f"got {priorities.shape[0]} priorities for {keys.shape[0]} items")
+        tree = self._tree
+        code, bad, high = kernels.update_priorities(
+            tree.tree, tree.mins, tree.offsets, tree.branching, keys, priorities, self._inserted,
+            self._keys_np, self._versions_np, self._min_version_or_lowest(), self.eps, self.alpha)
+        if code:
+            raise ValueError(f"priorities must be finite and >= 0; got {_PRIORITY_ERRORS[code]} values")
+        if bad >= 0:
+            raise ValueError(f"indices out of range [0, {self._inserted}): {[int(keys[bad])]}")
+        self._max_priority = max(self._max_priority, high)
+
+    def _numpy_columns(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
+        """Tensors over typed views ``(len(rows), *shape)`` of each field in gathered rows (numpy
+        views cost a fraction of torch's, which matters at a few microseconds per sample)."""
+        out = {}
+        for name, dtype, start, stop, shape in self._numpy_layout:
+            typed = rows.view(dtype)
+            out[name] = torch.from_numpy(typed[:, start] if not shape else typed[:, start:stop].reshape(-1, *shape))
+        return out
+
+    def _min_version_or_lowest(self) -> int:
+        return _LOWEST_VERSION if self._min_version is None else self._min_version
+
+    def _check_priorities(self, priorities, n: int) -> torch.Tensor | np.ndarray:
         """Validate one priority per item; raise the running max priority."""
         p = self._as_device(priorities, torch.float64).reshape(-1)
         if p.shape[0] != n:
             raise ValueError(f"got {p.shape[0]} priorities for {n} items")
         if n == 0:
+            return p
+        if self.compiled:
+            code, high = kernels.check_priorities(p)
+            if code:
+                raise ValueError(f"priorities must be finite and >= 0; got {_PRIORITY_ERRORS[code]} values")
+            self._max_priority = max(self._max_priority, high)
             return p
         low, high = (float(x) for x in torch.aminmax(p))
         if not (low >= 0 and high < math.inf):  # NaN fails both comparisons
@@ -450,6 +553,11 @@ class SnapshotColumn:
     def materialize(self) -> torch.Tensor:
         """The whole column as one CPU tensor, in one read."""
         return self.snapshot.read(self.name, 0, self.snapshot.rows).cpu()
+
+
+def _as_numpy(values) -> np.ndarray:
+    """A numpy array over a tensor's (CPU copy of its) data, or over any array-like."""
+    return values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
 
 
 def _from_numpy(array: np.ndarray) -> torch.Tensor:

@@ -1,5 +1,7 @@
-"""A wide (K-ary) sum tree in flat torch tensors, with the minimum positive leaf tracked.
+"""Wide (K-ary) sum trees: :class:`SumTree` in torch tensors on any device, :class:`CpuSumTree`
+in compiled CPU kernels. Both keep float64 sums and the minimum positive leaf.
 
+:class:`SumTree`, the device path:
 The leaves sit ``height`` K-ary levels below a flat top level of at most ``max_top``
 nodes. Sampling finds the top node with one binary search over the top's prefix sums,
 then descends one vectorized step per level; with K = 16 and a million leaves that is
@@ -17,7 +19,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
+
+from actorlearner.replay import kernels
 
 # Multiplying a positive float64 by this gives a value strictly below it.
 _JUST_BELOW_ONE = 1.0 - 2.0**-52
@@ -163,6 +168,86 @@ class SumTree:
         elif new_min >= self._min and not hit_old:
             return
         self._min, self._argmin = new_min, (where if new_min < math.inf else -1)
+
+
+class CpuSumTree:
+    """:class:`SumTree`'s API on the CPU, each operation one compiled kernel call (see :mod:`kernels`).
+
+    A zero leaf is never sampled; when every leaf is zero, sampling is uniform. Values must
+    be finite and non-negative: validating them is the caller's job.
+    """
+
+    def __init__(self, capacity: int, branching: int = 16):
+        if capacity < 1 or branching < 2:
+            raise ValueError(f"need capacity >= 1, branching >= 2; got {capacity}, {branching}")
+        self.capacity, self.branching = capacity, branching
+        self.device = torch.device("cpu")
+        nodes = [capacity]  # per level, leaves first; a root above the leaves even when capacity is 1
+        while len(nodes) == 1 or nodes[-1] > 1:
+            nodes.append(-(-nodes[-1] // branching))
+        sizes = [1] + [count * branching for count in reversed(nodes[1:])]  # root first, padded to whole groups
+        self.offsets = np.cumsum([0] + sizes[:-1]).astype(np.int64)
+        leaf_base = int(self.offsets[-1])
+        self.tree = np.zeros((sum(sizes), 2), dtype=np.float64)  # node values, running sums within groups
+        self.mins = np.full(leaf_base, np.inf)
+        self.leaves = torch.from_numpy(self.tree[leaf_base:leaf_base + capacity, 0])
+        """Leaf values (a view: read it, write through :meth:`update`)."""
+
+    def total(self) -> float:
+        """Sum of all leaves."""
+        return float(self.tree[0, 0])
+
+    def min_positive(self) -> float:
+        """Smallest positive leaf (``inf`` when none)."""
+        return float(self.mins[0])
+
+    def update(self, indices, values) -> None:
+        """Set ``leaves[indices] = values``. With repeated indices the last write wins."""
+        indices, values = _numpy(indices, np.int64), _numpy(values, np.float64)
+        kernels.tree_set(self.tree, self.mins, self.offsets, self.branching, indices, values)
+
+    def update_range(self, start: int, values) -> None:
+        """Set ``leaves[start:start + len(values)] = values``: the cheap path for inserts."""
+        values = _numpy(values, np.float64)
+        if not 0 <= start <= start + len(values) <= self.capacity:
+            raise ValueError(f"range [{start}, {start + len(values)}) is outside [0, {self.capacity})")
+        if len(values):
+            kernels.tree_set_range(self.tree, self.mins, self.offsets, self.branching, start, values)
+
+    def sample(self, batch_size: int, num_items: int | None = None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+        """Draw ``batch_size`` leaf indices, one from each equal stratum of the total mass.
+
+        When the total is zero, draws uniformly from the first ``num_items`` leaves
+        (default: all of them).
+        """
+        rand = torch.rand(batch_size, dtype=torch.float64, generator=generator)
+        if not self.tree[0, 0] > 0:
+            num_items = self.capacity if num_items is None else num_items
+            return rand.mul_(num_items).long().clamp_(max=num_items - 1)
+        out = np.empty(batch_size, dtype=np.int64)
+        kernels.tree_sample(self.tree, self.offsets, self.branching, rand.numpy(), out)
+        return torch.from_numpy(out)
+
+    def state_dict(self) -> dict[str, torch.Tensor | int]:
+        """Leaves and shape; inner nodes are rebuilt on load."""
+        return {"capacity": self.capacity, "branching": self.branching, "leaves": self.leaves.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore leaves saved by :meth:`state_dict` (from any device) and rebuild the tree."""
+        if int(state["capacity"]) != self.capacity:
+            raise ValueError(f"capacity mismatch: saved {state['capacity']}, tree has {self.capacity}")
+        leaves = torch.as_tensor(state["leaves"], dtype=torch.float64).cpu()
+        if leaves.shape != (self.capacity,):
+            raise ValueError(f"leaves must have shape ({self.capacity},), got {tuple(leaves.shape)}")
+        self.update_range(0, leaves)
+
+
+def _numpy(values, dtype) -> np.ndarray:
+    """A 1-d numpy array of ``dtype`` over ``values`` (a tensor, array or sequence), copying only if needed."""
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().numpy()
+    return np.ascontiguousarray(values, dtype=dtype).reshape(-1)
 
 
 def _last_write_wins(indices: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
