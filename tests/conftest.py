@@ -13,3 +13,30 @@ DEVICES = [
 @pytest.fixture(params=DEVICES)
 def device(request) -> str:
     return request.param
+
+
+_CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+# The replay's kernel paths: the compiled CPU kernels, and the torch device path on CPU and CUDA.
+REPLAY_PATHS = [
+    pytest.param({"device": "cpu", "kernels": "auto"}, id="compiled"),
+    pytest.param({"device": "cpu", "kernels": "torch"}, id="torch-cpu"),
+    pytest.param({"device": "cuda", "kernels": "torch"}, id="torch-cuda", marks=_CUDA),
+]
+
+
+@pytest.fixture(params=REPLAY_PATHS)
+def replay_path(request) -> dict:
+    """Keyword arguments of :class:`PrioritizedReplay` naming one kernel path."""
+    return request.param
+
+
+@pytest.fixture
+def make_tree(replay_path):
+    """Builds the sum tree of one kernel path: ``make_tree(capacity, branching=16, max_top=4096)``."""
+    from actorlearner.replay.sumtree import CpuSumTree, SumTree
+
+    def make(capacity: int, branching: int = 16, max_top: int = 4096):
+        if replay_path["kernels"] == "auto":
+            return CpuSumTree(capacity, branching)  # no flat top level: max_top is the torch tree's
+        return SumTree(capacity, branching, replay_path["device"], max_top=max_top)
+    return make

@@ -39,24 +39,24 @@ def assert_consistent(sample) -> None:
     assert torch.equal(data["done"], ids % 2 == 0)
 
 
-def test_add_returns_keys_and_stores_fields(device):
-    buf = PrioritizedReplay(100, FIELDS, device=device)
+def test_add_returns_keys_and_stores_fields(replay_path):
+    buf = PrioritizedReplay(100, FIELDS, **replay_path)
     keys = buf.add(batch(0, 30))
     assert keys.cpu().tolist() == list(range(30)) and len(buf) == 30 and buf.inserted == 30
     sample = buf.sample(16)
     assert sample.weights.dtype == torch.float32 and sample.weights.shape == (16,)
-    assert all(v.device.type == torch.device(device).type for v in sample.data.values())
+    assert all(v.device.type == torch.device(replay_path["device"]).type for v in sample.data.values())
     assert_consistent(sample)
 
 
-def test_numpy_input_is_accepted(device):
-    buf = PrioritizedReplay(10, FIELDS, device=device)
+def test_numpy_input_is_accepted(replay_path):
+    buf = PrioritizedReplay(10, FIELDS, **replay_path)
     buf.add({k: v.numpy() for k, v in batch(0, 5).items()}, priorities=np.ones(5))
     assert_consistent(buf.sample(5))
 
 
-def test_wraparound_keeps_newest_and_batches_larger_than_capacity(device):
-    buf = PrioritizedReplay(10, FIELDS, device=device)
+def test_wraparound_keeps_newest_and_batches_larger_than_capacity(replay_path):
+    buf = PrioritizedReplay(10, FIELDS, **replay_path)
     buf.add(batch(0, 7))
     buf.add(batch(7, 8))  # wraps: items 5..14 remain
     assert len(buf) == 10
@@ -69,9 +69,9 @@ def test_wraparound_keeps_newest_and_batches_larger_than_capacity(device):
     assert_consistent(sample)
 
 
-def test_sampling_frequencies_follow_priority_to_the_alpha(device):
+def test_sampling_frequencies_follow_priority_to_the_alpha(replay_path):
     alpha = 0.6
-    buf = PrioritizedReplay(50, FIELDS, alpha=alpha, eps=0.0, device=device)
+    buf = PrioritizedReplay(50, FIELDS, alpha=alpha, eps=0.0, **replay_path)
     rng = np.random.default_rng(0)
     priorities = rng.uniform(0.01, 5.0, size=50)
     buf.add(batch(0, 50), priorities=priorities)
@@ -83,9 +83,9 @@ def test_sampling_frequencies_follow_priority_to_the_alpha(device):
     assert ok, f"chi-square {statistic:.1f} >= {critical:.1f}"
 
 
-def test_importance_weights_closed_form(device):
+def test_importance_weights_closed_form(replay_path):
     alpha, beta = 0.5, 0.4
-    buf = PrioritizedReplay(4, FIELDS, alpha=alpha, beta=beta, eps=0.0, device=device)
+    buf = PrioritizedReplay(4, FIELDS, alpha=alpha, beta=beta, eps=0.0, **replay_path)
     p = np.array([1.0, 4.0, 9.0, 16.0])
     buf.add(batch(0, 4), priorities=p)
     sample = buf.sample(4)  # stratified over 4 equal strata: p**alpha = 1, 2, 3, 4 (sum 10)
@@ -98,8 +98,8 @@ def test_importance_weights_closed_form(device):
     assert got.max() <= 1.0
 
 
-def test_beta_anneals_to_one(device):
-    buf = PrioritizedReplay(10, FIELDS, beta=0.4, beta_steps=4, device=device)
+def test_beta_anneals_to_one(replay_path):
+    buf = PrioritizedReplay(10, FIELDS, beta=0.4, beta_steps=4, **replay_path)
     buf.add(batch(0, 10), priorities=np.arange(1, 11))
     betas = []
     for _ in range(6):
@@ -108,16 +108,16 @@ def test_beta_anneals_to_one(device):
     assert betas == pytest.approx([0.4, 0.55, 0.7, 0.85, 1.0, 1.0])
 
 
-def test_new_items_get_max_priority_seen(device):
-    buf = PrioritizedReplay(10, FIELDS, alpha=1.0, eps=0.0, device=device)
+def test_new_items_get_max_priority_seen(replay_path):
+    buf = PrioritizedReplay(10, FIELDS, alpha=1.0, eps=0.0, **replay_path)
     buf.add(batch(0, 2), priorities=[3.0, 0.5])
     buf.add(batch(2, 1))
     leaves = buf._tree.leaves.cpu()
     assert leaves[2].item() == pytest.approx(3.0)
 
 
-def test_update_priorities_with_repeated_keys_last_wins(device):
-    buf = PrioritizedReplay(10, FIELDS, alpha=1.0, eps=0.0, device=device)
+def test_update_priorities_with_repeated_keys_last_wins(replay_path):
+    buf = PrioritizedReplay(10, FIELDS, alpha=1.0, eps=0.0, **replay_path)
     buf.add(batch(0, 10), priorities=np.ones(10))
     buf.update_priorities(torch.tensor([2, 2, 7, 2]), torch.tensor([5.0, 6.0, 0.0, 8.0]))
     leaves = buf._tree.leaves.cpu()
@@ -127,8 +127,8 @@ def test_update_priorities_with_repeated_keys_last_wins(device):
     assert 7 not in drawn.tolist()  # priority zero with eps = 0: never sampled
 
 
-def test_stale_update_after_overwrite_is_ignored(device):
-    buf = PrioritizedReplay(4, FIELDS, alpha=1.0, eps=0.0, device=device)
+def test_stale_update_after_overwrite_is_ignored(replay_path):
+    buf = PrioritizedReplay(4, FIELDS, alpha=1.0, eps=0.0, **replay_path)
     buf.add(batch(0, 4), priorities=np.ones(4))
     sample = buf.sample(4)
     buf.add(batch(4, 2), priorities=[2.0, 2.0])  # overwrites slots 0 and 1 (keys 0, 1)
@@ -137,16 +137,16 @@ def test_stale_update_after_overwrite_is_ignored(device):
     assert leaves == [2.0, 2.0, 100.0, 100.0]
 
 
-def test_all_zero_priorities_fall_back_to_uniform(device):
-    buf = PrioritizedReplay(20, FIELDS, eps=0.0, device=device)
+def test_all_zero_priorities_fall_back_to_uniform(replay_path):
+    buf = PrioritizedReplay(20, FIELDS, eps=0.0, **replay_path)
     buf.add(batch(0, 8), priorities=np.zeros(8))
     drawn = torch.cat([buf.sample(8).indices for _ in range(50)]).cpu()
     assert set(drawn.tolist()) == set(range(8))
     assert torch.all(buf.sample(8).weights == 1.0)
 
 
-def test_min_policy_version_excludes_older_items(device):
-    buf = PrioritizedReplay(100, FIELDS, device=device)
+def test_min_policy_version_excludes_older_items(replay_path):
+    buf = PrioritizedReplay(100, FIELDS, **replay_path)
     buf.add(batch(0, 30), policy_version=torch.arange(30) // 10)  # versions 0, 1, 2
     sample = buf.sample(30, min_policy_version=1)
     assert sample.policy_version.min().item() >= 1
@@ -160,13 +160,13 @@ def test_min_policy_version_excludes_older_items(device):
         buf.sample(4, min_policy_version=99)
 
 
-def test_state_dict_round_trip(device):
+def test_state_dict_round_trip(replay_path):
     buf = PrioritizedReplay(16, FIELDS, device="cpu")
     buf.add(batch(0, 20), priorities=np.linspace(0.1, 2, 20), policy_version=3)
     buf.sample(4)
     state = buf.state_dict()
     assert all(isinstance(v, (torch.Tensor, int, float)) for v in state.values())
-    other = PrioritizedReplay(16, FIELDS, device=device)
+    other = PrioritizedReplay(16, FIELDS, **replay_path)
     other.load_state_dict(state)
     assert len(other) == 16 and other.inserted == 20 and other.beta == buf.beta
     assert torch.equal(other._tree.leaves.cpu(), buf._tree.leaves)
@@ -196,8 +196,8 @@ def test_state_dict_mismatch_is_rejected():
     (lambda b: {**b, "reward": [1.0, 2.0]}, "must be a tensor or ndarray"),
     (lambda b: list(b.values()), "must be a mapping"),
 ])
-def test_bad_batches_raise_and_change_nothing(device, make_bad, message):
-    buf = PrioritizedReplay(10, FIELDS, device=device)
+def test_bad_batches_raise_and_change_nothing(replay_path, make_bad, message):
+    buf = PrioritizedReplay(10, FIELDS, **replay_path)
     buf.add(batch(0, 3))
     with pytest.raises(ValueError, match=message):
         buf.add(make_bad(batch(3, 4)))
@@ -211,8 +211,8 @@ def test_bad_batches_raise_and_change_nothing(device, make_bad, message):
     ([1.0, -0.5, 1.0, 1.0], "negative"),
     ([1.0, 1.0], "got 2 priorities for 4 items"),
 ])
-def test_bad_priorities_raise_and_change_nothing(device, priorities, message):
-    buf = PrioritizedReplay(10, FIELDS, device=device)
+def test_bad_priorities_raise_and_change_nothing(replay_path, priorities, message):
+    buf = PrioritizedReplay(10, FIELDS, **replay_path)
     buf.add(batch(0, 4), priorities=np.ones(4))
     before = buf._tree.leaves.clone()
     with pytest.raises(ValueError, match=message):
@@ -222,8 +222,8 @@ def test_bad_priorities_raise_and_change_nothing(device, priorities, message):
     assert len(buf) == 4 and torch.equal(buf._tree.leaves, before)
 
 
-def test_bad_indices_and_batch_sizes(device):
-    buf = PrioritizedReplay(10, FIELDS, device=device)
+def test_bad_indices_and_batch_sizes(replay_path):
+    buf = PrioritizedReplay(10, FIELDS, **replay_path)
     buf.add(batch(0, 4))
     with pytest.raises(ValueError, match="out of range"):
         buf.update_priorities(torch.tensor([0, 4]), torch.ones(2))

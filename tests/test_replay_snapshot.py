@@ -22,9 +22,9 @@ def batch(start: int, n: int) -> dict[str, torch.Tensor]:
             "action": ids, "frame": (ids % 251).to(torch.uint8)[:, None, None].repeat(1, 2, 5)}
 
 
-def filled(device: str, capacity: int, inserted: int) -> PrioritizedReplay:
+def filled(replay_path: dict, capacity: int, inserted: int) -> PrioritizedReplay:
     """A buffer with ``inserted`` items of varied priorities and versions, sampled from a little."""
-    buf = PrioritizedReplay(capacity, FIELDS, device=device)
+    buf = PrioritizedReplay(capacity, FIELDS, **replay_path)
     for start in range(0, inserted, 7):
         n = min(7, inserted - start)
         buf.add(batch(start, n), priorities=np.linspace(0.1, 3.0, n) + start, policy_version=start // 10)
@@ -57,8 +57,8 @@ def assert_states_equal(got: dict, want: dict) -> None:
 
 @pytest.mark.parametrize("inserted", [0, 13, 40, 95])  # empty, partly filled, full, full and wrapped
 @pytest.mark.parametrize("chunk_bytes", [1, 64, 4 << 20])  # one row per chunk and per block, a few, one
-def test_a_snapshot_reads_out_its_instant_however_much_is_inserted_meanwhile(device, inserted, chunk_bytes):
-    buf = filled(device, 40, inserted)
+def test_a_snapshot_reads_out_its_instant_however_much_is_inserted_meanwhile(replay_path, inserted, chunk_bytes):
+    buf = filled(replay_path, 40, inserted)
     want = buf.state_dict()
     snapshot = buf.snapshot(chunk_bytes=chunk_bytes)
     state = snapshot.state()
@@ -88,9 +88,9 @@ def test_a_snapshot_reads_out_its_instant_however_much_is_inserted_meanwhile(dev
         assert_states_equal(read_all(fresh.state()), buf.state_dict())
 
 
-def test_reading_between_single_inserts_sees_no_later_row(device):
+def test_reading_between_single_inserts_sees_no_later_row(replay_path):
     """Each slot overwritten right before its chunk is read: every chunk must come from the copies set aside."""
-    buf = filled(device, 16, 16)
+    buf = filled(replay_path, 16, 16)
     want = buf.state_dict()
     with buf.snapshot(chunk_bytes=1) as snapshot:
         column = snapshot.state()["field.action"]
@@ -101,8 +101,8 @@ def test_reading_between_single_inserts_sees_no_later_row(device):
         assert torch.equal(torch.cat(rows), want["field.action"])
 
 
-def test_a_closed_snapshot_cannot_be_read_and_the_buffer_goes_on(device):
-    buf = filled(device, 10, 10)
+def test_a_closed_snapshot_cannot_be_read_and_the_buffer_goes_on(replay_path):
+    buf = filled(replay_path, 10, 10)
     snapshot = buf.snapshot()
     keys = snapshot.state()["keys"]
     snapshot.close()
@@ -114,7 +114,7 @@ def test_a_closed_snapshot_cannot_be_read_and_the_buffer_goes_on(device):
 
 
 def test_loading_a_state_while_a_snapshot_is_open_is_refused():
-    buf = filled("cpu", 10, 5)
+    buf = filled({"device": "cpu"}, 10, 5)
     state = buf.state_dict()
     with buf.snapshot(), pytest.raises(RuntimeError, match="snapshot"):
         buf.load_state_dict(state)
@@ -122,7 +122,7 @@ def test_loading_a_state_while_a_snapshot_is_open_is_refused():
 
 
 def test_two_open_snapshots_each_keep_their_own_instant():
-    buf = filled("cpu", 12, 30)
+    buf = filled({"device": "cpu"}, 12, 30)
     first_want = buf.state_dict()
     first = buf.snapshot(chunk_bytes=40)
     buf.add(batch(200, 5))
