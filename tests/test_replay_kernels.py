@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 import torch
 
 from actorlearner.replay import PrioritizedReplay
@@ -21,7 +22,7 @@ _FIRST_USE = textwrap.dedent("""
     buf.add({"obs": np.ones((300, 3), np.float32), "action": np.arange(300)})
     sample = buf.sample(32)
     buf.update_priorities(sample.indices, np.ones(32))
-    used = [kernels.scatter_column, kernels.insert_items, kernels.sample_rows, kernels.update_priorities]
+    used = [kernels.write_rows, kernels.insert_leaves, kernels.sample_rows, kernels.update_priorities]
     print(json.dumps({"compiled": buf.compiled, "hits": sum(sum(k.stats.cache_hits.values()) for k in used),
                       "misses": sum(sum(k.stats.cache_misses.values()) for k in used)}))
 """)
@@ -42,11 +43,17 @@ def test_cpu_buffers_run_the_compiled_kernels_unless_told_otherwise():
     assert not PrioritizedReplay(8, FIELDS, kernels="torch").compiled
 
 
-def test_compiled_and_torch_paths_agree_item_for_item():
+IMAGE_FIELDS = {"obs": ((16, 16, 3), torch.uint8), "action": ((), torch.int64)}  # wide rows: block copies
+
+
+@pytest.mark.parametrize("fields", [FIELDS, IMAGE_FIELDS], ids=["vector", "image"])
+def test_compiled_and_torch_paths_agree_item_for_item(fields):
     """Same writes, same seed: the same draws, weights, rows and leaves on both paths, and the reference's."""
     rng = np.random.default_rng(3)
-    buffers = [PrioritizedReplay(500, FIELDS, kernels=kind) for kind in ("auto", "torch")]
-    batches = [{"obs": rng.random((70, 3), dtype=np.float32), "action": rng.integers(0, 9, 70)} for _ in range(9)]
+    buffers = [PrioritizedReplay(500, fields, kernels=kind) for kind in ("auto", "torch")]
+    shape, dtype = fields["obs"]
+    batches = [{"obs": torch.randint(0, 255, (70, *shape)).to(dtype).numpy(), "action": rng.integers(0, 9, 70)}
+               for _ in range(9)]
     for i, batch in enumerate(batches):  # 630 items into 500 slots: wraps
         priorities = rng.random(70) if i % 2 else None
         for buf in buffers:
@@ -58,7 +65,7 @@ def test_compiled_and_torch_paths_agree_item_for_item():
         second = buffers[1].sample(64)
         assert torch.equal(first.indices, second.indices)
         torch.testing.assert_close(first.weights, second.weights, rtol=1e-6, atol=0)
-        for name in FIELDS:
+        for name in fields:
             assert torch.equal(first.data[name], second.data[name])
         leaves = buffers[0]._tree.leaves.numpy()
         torch.manual_seed(i)

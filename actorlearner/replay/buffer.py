@@ -13,7 +13,7 @@ from typing import Self
 import numpy as np
 import torch
 
-from actorlearner.replay import kernels
+from actorlearner.replay import kernels as cpu_kernels
 from actorlearner.replay.sumtree import CpuSumTree, SumTree
 
 FieldSpec = tuple[tuple[int, ...], torch.dtype]
@@ -23,7 +23,7 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
 _KEY, _VERSION = "__key__", "__version__"
 _LOWEST_VERSION = int(np.iinfo(np.int64).min)  # "no version evicted" for the kernels
 _NUMPY_DTYPES = {torch.long: np.int64, torch.float64: np.float64}
-_PRIORITY_ERRORS = {kernels.NAN: "NaN", kernels.INFINITE: "infinite", kernels.NEGATIVE: "negative"}
+_PRIORITY_ERRORS = {cpu_kernels.NAN: "NaN", cpu_kernels.INFINITE: "infinite", cpu_kernels.NEGATIVE: "negative"}
 
 
 class NothingRecentEnough(ValueError):
@@ -100,6 +100,15 @@ class PrioritizedReplay:
             self._numpy_dtypes = {name: torch.empty(0, dtype=dtype).numpy().dtype
                                   for name, (_, dtype) in self.fields.items()}
             self._numpy_dtypes.update({_KEY: np.dtype(np.int64), _VERSION: np.dtype(np.int64)})
+            # Inserts write whole rows in the widest word that divides every field's offset and size.
+            placed = [self._layout[name][:2] for name in self.fields]
+            self._word = next(np.dtype(f"u{size}") for size in (8, 4, 2, 1)
+                              if all(offset % size == nbytes % size == 0 for offset, nbytes in placed))
+            self._row_words = self._rows_np.view(self._word)
+            self._word_offsets = np.array([offset // self._word.itemsize for offset, _ in placed], dtype=np.int64)
+            self._key_word, self._version_word = self._layout[_KEY][0] // 8, self._layout[_VERSION][0] // 8
+            wide = max(nbytes for _, nbytes in placed) > 256
+            self._write_rows = cpu_kernels.write_wide_rows if wide else cpu_kernels.write_rows
             self._numpy_layout = [(name, self._numpy_dtypes[name], offset // self._numpy_dtypes[name].itemsize,
                                    (offset + nbytes) // self._numpy_dtypes[name].itemsize, shape)
                                   for name, (offset, nbytes, shape, _) in self._layout.items()]
@@ -173,16 +182,15 @@ class PrioritizedReplay:
         self._write(None, start, leaf)
 
     def _insert_compiled(self, columns: dict[str, np.ndarray], n: int, priorities, versions) -> None:
-        """The compiled path of :meth:`add`: each field's bytes, then keys, versions and leaves."""
+        """The compiled path of :meth:`add`: whole rows (fields, key, version) in one pass, then the leaves."""
         start = self._inserted % self.capacity
-        for name, value in columns.items():
-            offset = self._layout[name][0]
-            kernels.scatter_column(self._rows_np, offset, start, np.ascontiguousarray(value).reshape(n, -1).view(np.uint8))
-        priorities = np.full(n, self._max_priority) if priorities is None else priorities
+        self._write_rows(self._row_words, self._word_offsets, tuple(
+            np.ascontiguousarray(columns[name]).reshape(n, -1).view(self._word) for name in self.fields),
+            start, self._words_np, self._key_word, self._version_word, self._inserted, versions)
+        priorities = np.array([self._max_priority]) if priorities is None else priorities
         tree = self._tree
-        kernels.insert_items(tree.tree, tree.mins, tree.offsets, tree.branching, start, priorities, versions,
-                             self._min_version_or_lowest(), self.eps, self.alpha, self._keys_np, self._inserted,
-                             self._versions_np)
+        cpu_kernels.insert_leaves(tree.tree, tree.mins, tree.offsets, tree.branching, self.capacity, start, n,
+                              priorities, versions, self._min_version_or_lowest(), self.eps, self.alpha)
 
     def sample(self, batch_size: int, min_policy_version: int | None = None) -> Sample:
         """Draw ``batch_size`` items with probability proportional to their priority.
@@ -204,7 +212,7 @@ class PrioritizedReplay:
             slots, weights = np.empty(batch_size, dtype=np.int64), np.empty(batch_size, dtype=np.float32)
             rows = np.empty((batch_size, self._words_np.shape[1]), dtype=np.int64)
             tree = self._tree
-            kernels.sample_rows(tree.tree, tree.mins, tree.offsets, tree.branching, uniforms, beta,
+            cpu_kernels.sample_rows(tree.tree, tree.mins, tree.offsets, tree.branching, uniforms, beta,
                                 self._words_np, slots, weights, rows)
             columns = self._numpy_columns(rows)
             keys, versions = columns.pop(_KEY), columns.pop(_VERSION)
@@ -344,7 +352,7 @@ class PrioritizedReplay:
         if priorities.shape[0] != keys.shape[0]:
             raise ValueError(f"got {priorities.shape[0]} priorities for {keys.shape[0]} items")
         tree = self._tree
-        code, bad, high = kernels.update_priorities(
+        code, bad, high = cpu_kernels.update_priorities(
             tree.tree, tree.mins, tree.offsets, tree.branching, keys, priorities, self._inserted,
             self._keys_np, self._versions_np, self._min_version_or_lowest(), self.eps, self.alpha)
         if code:
@@ -373,7 +381,7 @@ class PrioritizedReplay:
         if n == 0:
             return p
         if self.compiled:
-            code, high = kernels.check_priorities(p)
+            code, high = cpu_kernels.check_priorities(p)
             if code:
                 raise ValueError(f"priorities must be finite and >= 0; got {_PRIORITY_ERRORS[code]} values")
             self._max_priority = max(self._max_priority, high)
