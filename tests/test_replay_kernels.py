@@ -22,7 +22,7 @@ _FIRST_USE = textwrap.dedent("""
     buf.add({"obs": np.ones((300, 3), np.float32), "action": np.arange(300)})
     sample = buf.sample(32)
     buf.update_priorities(sample.indices, np.ones(32))
-    used = [kernels.write_rows, kernels.insert_leaves, kernels.sample_rows, kernels.update_priorities]
+    used = [kernels.write_rows, kernels.insert_items, kernels.sample_rows, kernels.update_priorities]
     print(json.dumps({"compiled": buf.compiled, "hits": sum(sum(k.stats.cache_hits.values()) for k in used),
                       "misses": sum(sum(k.stats.cache_misses.values()) for k in used)}))
 """)

@@ -130,6 +130,9 @@ class Learner:
                                         beta_steps=config.beta_steps, device=self.device)
         self.limiter = RateLimiter(config.min_replay_size, config.samples_per_insert, config.rate_error_buffer)
         self.replay_lock = threading.Lock()
+        # Signalled under replay_lock when an insert commits or the snapshot gate opens.
+        self._inserts_changed = threading.Condition(self.replay_lock)
+        self._gate_closed = False  # a checkpoint waits for open inserts: no new ones start meanwhile
         self.broadcast = PolicyBroadcast(config.chunk_bytes)
         self.checkpoints = CheckpointStore(config.checkpoint_dir, config.keep_checkpoints) if config.checkpoint_dir else None
         self.telemetry = telemetry.Telemetry(config.logdir or None)
@@ -262,20 +265,33 @@ class Learner:
         arrays = wire.decode_batch(batch.payload, batch.codec, self.fields, n, self.config.max_message_bytes)
         priorities = wire.decode_priorities(batch.priorities, n)
         self._acquire_insert(stream, n)
-        inserted = False
+        reservation, inserted = None, False
         try:
             with self.replay_lock:
+                self._inserts_changed.wait_for(lambda: not self._gate_closed)
                 if self._sealed:
                     raise IngestAborted("the learner is shutting down")
-                if batch.seq > self._seq_table.get(record.actor_id, -1):  # not stored meanwhile by another stream
-                    self.replay.add(arrays, priorities, policy_version=batch.policy_version)
+                previous = self._seq_table.get(record.actor_id, -1)
+                if batch.seq > previous:  # not stored meanwhile by another stream: claim it
+                    reservation = self.replay.reserve(arrays, priorities, policy_version=batch.policy_version)
                     self._seq_table[record.actor_id] = batch.seq
+            if reservation is not None:
+                self.replay.write(reservation)  # no lock: other streams copy their batches meanwhile
+                with self.replay_lock:
+                    self.replay.commit(reservation)
                     self.inserted_batches += 1
                     record.transitions += n
                     inserted = True
+                    self._inserts_changed.notify_all()
         finally:
             if not inserted:
                 self.limiter.refund_insert(n)
+                if reservation is not None:  # the write failed: nothing of the batch is stored, it may come again
+                    with self.replay_lock:
+                        self.replay.abort(reservation)
+                        if self._seq_table.get(record.actor_id) == batch.seq:
+                            self._seq_table[record.actor_id] = previous
+                        self._inserts_changed.notify_all()
         if not inserted:
             return False
         self._saw_version(record, batch.policy_version)
@@ -384,6 +400,12 @@ class Learner:
         replay as of one instant, then only for a moment per chunk of replay rows written.
         """
         with self.replay_lock:
+            self._gate_closed = True  # let open inserts finish and start no new ones: an instant with none open
+            try:
+                self._inserts_changed.wait_for(lambda: self.replay.pending == 0)
+            finally:
+                self._gate_closed = False
+                self._inserts_changed.notify_all()
             step = self.updates
             # The limiter's inserts are the replay's plus those of batches admitted but not stored yet
             # (and dropped if the learner stops first): the replay's own count is this instant's.

@@ -31,6 +31,18 @@ class NothingRecentEnough(ValueError):
 
 
 @dataclass(frozen=True)
+class Reservation:
+    """Slots claimed by :meth:`PrioritizedReplay.reserve` for a checked batch, to write and commit."""
+
+    columns: dict
+    n: int
+    start: int
+    first_key: int
+    priorities: torch.Tensor | np.ndarray | None
+    versions: torch.Tensor | np.ndarray
+
+
+@dataclass(frozen=True)
 class Sample:
     """One sampled batch.
 
@@ -106,7 +118,6 @@ class PrioritizedReplay:
                               if all(offset % size == nbytes % size == 0 for offset, nbytes in placed))
             self._row_words = self._rows_np.view(self._word)
             self._word_offsets = np.array([offset // self._word.itemsize for offset, _ in placed], dtype=np.int64)
-            self._key_word, self._version_word = self._layout[_KEY][0] // 8, self._layout[_VERSION][0] // 8
             wide = max(nbytes for _, nbytes in placed) > 256
             self._write_rows = cpu_kernels.write_wide_rows if wide else cpu_kernels.write_rows
             self._numpy_layout = [(name, self._numpy_dtypes[name], offset // self._numpy_dtypes[name].itemsize,
@@ -118,6 +129,8 @@ class PrioritizedReplay:
         self._sample_calls = 0
         self._min_version: int | None = None  # items below it were evicted by sample()
         self._snapshots: list[ReplaySnapshot] = []  # open ones: add() saves the rows they still need
+        self.pending = 0
+        """Reservations not yet committed or aborted."""
 
     def __len__(self) -> int:
         return min(self._inserted, self.capacity)
@@ -137,7 +150,22 @@ class PrioritizedReplay:
             policy_version: int | torch.Tensor | np.ndarray = 0) -> torch.Tensor:
         """Store a batch; return its item keys. Without priorities, items get the max seen.
 
-        A batch larger than the capacity keeps only its newest ``capacity`` items.
+        A batch larger than the capacity keeps only its newest ``capacity`` items. The same
+        as :meth:`reserve`, :meth:`write` and :meth:`commit` in a row.
+        """
+        reservation = self.reserve(batch, priorities, policy_version)
+        self.write(reservation)
+        return self.commit(reservation)
+
+    def reserve(self, batch: Mapping[str, torch.Tensor | np.ndarray], priorities=None,
+                policy_version: int | torch.Tensor | np.ndarray = 0) -> Reservation:
+        """Check a batch and claim the slots it will fill: the first of three steps of an insert.
+
+        Call it, and :meth:`commit`, under the lock that every other call runs under;
+        :meth:`write`, the copying, needs no lock, so inserts from several threads copy
+        their rows at once. Claimed slots are hidden until the commit: their old items are
+        gone (never sampled, updates to them ignored) and the new ones not yet there. While
+        any claim is open, no snapshot may be taken (see :attr:`pending`).
         """
         columns, n = self._check_batch(batch)
         versions = self._as_device(policy_version, torch.long)
@@ -148,8 +176,6 @@ class PrioritizedReplay:
             versions = versions.expand(n)
         if priorities is not None:
             priorities = self._check_priorities(priorities, n)
-        if n == 0:
-            return torch.empty(0, dtype=torch.long, device=self.device)
         for snapshot in self._snapshots:
             snapshot._save_rows_before_insert(n)
         if n > self.capacity:
@@ -159,38 +185,67 @@ class PrioritizedReplay:
             priorities = None if priorities is None else priorities[skip:]
             self._inserted += skip
             n = self.capacity
+        reservation = Reservation(columns, n, self._inserted % self.capacity, self._inserted, priorities, versions)
+        if n:
+            self._hide(reservation.start, n)
+            self._inserted += n
+            self.pending += 1
+        return reservation
 
-        keys = torch.arange(self._inserted, self._inserted + n, device=self.device)
+    def write(self, reservation: Reservation) -> None:
+        """Copy a reserved batch's fields into its slots; no lock needed (the GIL is released on the CPU)."""
+        n, start = reservation.n, reservation.start
+        if n == 0:
+            return
         if self.compiled:
-            self._insert_compiled(columns, n, priorities, versions)
+            self._write_rows(self._row_words, self._word_offsets, tuple(
+                np.ascontiguousarray(reservation.columns[name]).reshape(n, -1).view(self._word) for name in self.fields),
+                start)
         else:
-            self._insert_device(columns, n, priorities, versions, keys)
-        self._inserted += n
+            with torch.inference_mode():
+                for name, col in reservation.columns.items():
+                    self._write(self._columns[name], start, col)
+
+    def commit(self, reservation: Reservation) -> torch.Tensor:
+        """Make a written batch's items sampleable (under the lock, like :meth:`reserve`); return their keys."""
+        n, start = reservation.n, reservation.start
+        keys = torch.arange(reservation.first_key, reservation.first_key + n, device=self.device)
+        if n == 0:
+            return keys
+        priorities, versions = reservation.priorities, reservation.versions
+        if self.compiled:
+            priorities = np.array([self._max_priority]) if priorities is None else priorities
+            tree = self._tree
+            cpu_kernels.insert_items(tree.tree, tree.mins, tree.offsets, tree.branching, self.capacity, start, n,
+                                     priorities, versions, self._min_version_or_lowest(), self.eps, self.alpha,
+                                     self._keys_np, reservation.first_key, self._versions_np)
+        else:
+            with torch.inference_mode():
+                if priorities is None:
+                    priorities = torch.full((n,), self._max_priority, dtype=torch.float64, device=self.device)
+                self._write(self._keys, start, keys)
+                self._write(self._versions, start, versions)
+                self._write(None, start, self._leaf_values(priorities, versions))
+        self.pending -= 1
         return keys
 
-    @torch.inference_mode()
-    def _insert_device(self, columns: dict[str, torch.Tensor], n: int, priorities, versions, keys) -> None:
-        """The device path of :meth:`add`: batched torch copies into the rows and the tree."""
-        start = self._inserted % self.capacity
-        if priorities is None:
-            priorities = torch.full((n,), self._max_priority, dtype=torch.float64, device=self.device)
-        leaf = self._leaf_values(priorities, versions)
-        for name, col in columns.items():
-            self._write(self._columns[name], start, col)
-        self._write(self._keys, start, keys)
-        self._write(self._versions, start, versions)
-        self._write(None, start, leaf)
+    def abort(self, reservation: Reservation) -> None:
+        """Give up a reservation (under the lock): its slots stay empty."""
+        if reservation.n:
+            self.pending -= 1
 
-    def _insert_compiled(self, columns: dict[str, np.ndarray], n: int, priorities, versions) -> None:
-        """The compiled path of :meth:`add`: whole rows (fields, key, version) in one pass, then the leaves."""
-        start = self._inserted % self.capacity
-        self._write_rows(self._row_words, self._word_offsets, tuple(
-            np.ascontiguousarray(columns[name]).reshape(n, -1).view(self._word) for name in self.fields),
-            start, self._words_np, self._key_word, self._version_word, self._inserted, versions)
-        priorities = np.array([self._max_priority]) if priorities is None else priorities
-        tree = self._tree
-        cpu_kernels.insert_leaves(tree.tree, tree.mins, tree.offsets, tree.branching, self.capacity, start, n,
-                              priorities, versions, self._min_version_or_lowest(), self.eps, self.alpha)
+    def _hide(self, start: int, n: int) -> None:
+        """Empty ``n`` slots from ``start`` (wrapping): priority zero and no key, so nothing finds the old items."""
+        if self.compiled:
+            tree = self._tree
+            cpu_kernels.hide_slots(tree.tree, tree.mins, tree.offsets, tree.branching, self.capacity, start, n,
+                                   self._keys_np)
+            return
+        with torch.inference_mode():
+            for at, length in ((start, min(n, self.capacity - start)), (0, n - min(n, self.capacity - start))):
+                if length:
+                    self._keys[at:at + length] = -1
+                    self._tree.update_range(at, torch.zeros(length, dtype=torch.float64, device=self.device))
 
     def sample(self, batch_size: int, min_policy_version: int | None = None) -> Sample:
         """Draw ``batch_size`` items with probability proportional to their priority.
@@ -275,12 +330,14 @@ class PrioritizedReplay:
         as closing does. Costs a copy of the priorities now and, while the snapshot is open,
         a copy of each row an insert overwrites. Close it (or use ``with``).
         """
+        if self.pending:
+            raise RuntimeError(f"cannot snapshot the buffer while {self.pending} reservations are open")
         return ReplaySnapshot(self, contextlib.nullcontext() if lock is None else lock, chunk_bytes)
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor | int | float]) -> None:
         """Restore a :meth:`state_dict` made on any device into this buffer's device."""
-        if self._snapshots:
-            raise RuntimeError("cannot load a state while a snapshot of this buffer is open")
+        if self._snapshots or self.pending:
+            raise RuntimeError("cannot load a state while a snapshot of this buffer or a reservation is open")
         if int(state["capacity"]) != self.capacity:
             raise ValueError(f"capacity mismatch: saved {state['capacity']}, buffer has {self.capacity}")
         saved = {k[len("field."):] for k in state if k.startswith("field.")}
@@ -421,9 +478,10 @@ class PrioritizedReplay:
 
     def _uniform_eligible(self, batch_size: int) -> torch.Tensor:
         n = len(self)
-        eligible = torch.arange(n, device=self.device)
+        stored = self._keys[:n] >= 0  # reserved slots hold no item yet
         if self._min_version is not None:
-            eligible = eligible[self._versions[:n] >= self._min_version]
+            stored &= self._versions[:n] >= self._min_version
+        eligible = torch.arange(n, device=self.device)[stored]
         if eligible.numel() == 0:
             raise NothingRecentEnough(f"no stored item has policy_version >= {self._min_version}")
         pick = torch.randint(eligible.numel(), (batch_size,), device=self.device)

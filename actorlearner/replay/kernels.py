@@ -159,13 +159,11 @@ def gather_rows(rows, slots, out):
 
 
 @njit(**_jit)
-def write_rows(rows, offsets, columns, start, words, key_at, version_at, first_key, versions):
-    """Write new items into rows ``start, start + 1, ...`` (wrapping at the end), one whole row at a time:
-    their fields, keys (``first_key`` on) and policy versions (one per item, or one for all).
+def write_rows(rows, offsets, columns, start):
+    """Write new items' fields into rows ``start, start + 1, ...`` (wrapping at the end), a row at a time.
 
     ``columns[f]`` is field ``f`` as (items x words), to go at word ``offsets[f]`` of a row;
-    ``rows`` and the columns are views in one word type (the widest that every field fits),
-    ``words`` the same rows as int64, where keys and versions sit at ``key_at`` and ``version_at``.
+    ``rows`` and the columns are views in one word type (the widest that every field fits).
     Narrow fields, copied word by word; :func:`write_wide_rows` is the same for wide ones.
     """
     capacity = rows.shape[0]
@@ -174,20 +172,16 @@ def write_rows(rows, offsets, columns, start, words, key_at, version_at, first_k
         for f in range(len(columns)):
             for w in range(columns[f].shape[1]):
                 rows[slot, offsets[f] + w] = columns[f][i, w]
-        words[slot, key_at] = first_key + i
-        words[slot, version_at] = versions[0 if len(versions) == 1 else i]
 
 
 @njit(**_jit)
-def write_wide_rows(rows, offsets, columns, start, words, key_at, version_at, first_key, versions):
+def write_wide_rows(rows, offsets, columns, start):
     """:func:`write_rows` with block copies, faster once a field spans more than a few cache lines (images)."""
     capacity = rows.shape[0]
     for i in range(columns[0].shape[0]):
         slot = (start + i) % capacity
         for f in range(len(columns)):
             rows[slot, offsets[f]:offsets[f] + columns[f].shape[1]] = columns[f][i]
-        words[slot, key_at] = first_key + i
-        words[slot, version_at] = versions[0 if len(versions) == 1 else i]
 
 
 @njit(**_jit, inline="always")
@@ -205,9 +199,21 @@ def sample_rows(tree, mins, offsets, branching, uniforms, beta, rows, out_slots,
 
 
 @njit(**_jit)
-def insert_leaves(tree, mins, offsets, branching, capacity, start, n, priorities, versions, min_version, eps, alpha):
-    """Leaf values of ``n`` new items from slot ``start`` on (wrapping at ``capacity``); ``priorities``
-    and ``versions`` hold one value per item, or one for all."""
+def hide_slots(tree, mins, offsets, branching, capacity, start, n, keys):
+    """Empty ``n`` slots from ``start`` on (wrapping at ``capacity``): no key, priority zero."""
+    for i in range(n):
+        keys[(start + i) % capacity] = -1
+    first = min(n, capacity - start)
+    tree_set_range(tree, mins, offsets, branching, start, np.zeros(first))
+    if first < n:
+        tree_set_range(tree, mins, offsets, branching, 0, np.zeros(n - first))
+
+
+@njit(**_jit)
+def insert_items(tree, mins, offsets, branching, capacity, start, n, priorities, versions, min_version, eps, alpha,
+                 keys, first_key, stored_versions):
+    """Bookkeeping of ``n`` new items from slot ``start`` on (wrapping at ``capacity``): their keys,
+    versions and leaf values. ``priorities`` and ``versions`` hold one value per item, or one for all."""
     values = np.empty(n)
     if len(priorities) == 1 and len(versions) == 1:  # the usual insert: one leaf value for all
         values[:] = leaf_value(priorities[0], versions[0], min_version, eps, alpha)
@@ -215,6 +221,10 @@ def insert_leaves(tree, mins, offsets, branching, capacity, start, n, priorities
         for i in range(n):
             values[i] = leaf_value(priorities[0 if len(priorities) == 1 else i],
                                    versions[0 if len(versions) == 1 else i], min_version, eps, alpha)
+    for i in range(n):
+        slot = (start + i) % capacity
+        keys[slot] = first_key + i
+        stored_versions[slot] = versions[0 if len(versions) == 1 else i]
     first = min(n, capacity - start)
     tree_set_range(tree, mins, offsets, branching, start, values[:first])
     if first < n:
