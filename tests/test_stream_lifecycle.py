@@ -104,14 +104,14 @@ def test_actor_processes_killed_one_after_another_while_held_leave_no_threads():
 def test_a_failure_inside_ingest_ends_that_stream_alone_with_internal(caplog):
     """Any exception (here an injected device failure) ends its stream with a status, logged once."""
     learner = Learner(LearnerConfig(env="CartPole-v1", eval_every=0))
-    real_add = learner.replay.add
+    real_write = learner.replay.write
 
-    def add(batch_fields, priorities=None, policy_version=0):
+    def write(reservation):
         if threading.current_thread().name == "read-doomed":
             raise RuntimeError("CUDA out of memory (injected)")
-        return real_add(batch_fields, priorities, policy_version=policy_version)
+        return real_write(reservation)
 
-    learner.replay.add = add  # fault injection: a failure this CPU-only machine cannot produce for real
+    learner.replay.write = write  # fault injection: a failure this CPU-only machine cannot produce for real
     with serve(learner, "127.0.0.1", 0) as port, caplog.at_level(logging.WARNING):
         address = f"127.0.0.1:{port}"
         good = RawStream(address, hello("good"), batch(1))
@@ -127,7 +127,8 @@ def test_a_failure_inside_ingest_ends_that_stream_alone_with_internal(caplog):
             stream.close()
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "doomed" in errors[0].getMessage() and errors[0].exc_info
-    assert learner.limiter.inserts == learner.replay.inserted == 2 * 16 + 16
+    assert learner.replay.abandoned == 16 and learner.replay.pending == 0  # the doomed batch's slots: empty
+    assert learner.limiter.inserts == learner.replay.inserted - learner.replay.abandoned == 2 * 16 + 16
     learner.stop()
 
 

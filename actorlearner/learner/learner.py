@@ -410,7 +410,7 @@ class Learner:
             # The limiter's inserts are the replay's plus those of batches admitted but not stored yet
             # (and dropped if the learner stops first): the replay's own count is this instant's.
             learner_state = {"version": self.version, "updates": self.updates, "env_steps": self.env_steps,
-                             "seq_table": dict(self._seq_table), "inserts": self.replay.inserted,
+                             "seq_table": dict(self._seq_table), "inserts": self.replay.inserted - self.replay.abandoned,
                              "samples": self.limiter.samples}
             replay = self.replay.snapshot(self.replay_lock) if self.config.checkpoint_replay else None
         try:

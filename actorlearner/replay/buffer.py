@@ -131,6 +131,8 @@ class PrioritizedReplay:
         self._snapshots: list[ReplaySnapshot] = []  # open ones: add() saves the rows they still need
         self.pending = 0
         """Reservations not yet committed or aborted."""
+        self.abandoned = 0
+        """Items of aborted reservations: :attr:`inserted` counts them, nothing stored them."""
 
     def __len__(self) -> int:
         return min(self._inserted, self.capacity)
@@ -230,9 +232,10 @@ class PrioritizedReplay:
         return keys
 
     def abort(self, reservation: Reservation) -> None:
-        """Give up a reservation (under the lock): its slots stay empty."""
+        """Give up a reservation (under the lock): its slots stay empty, its keys unused (counted in :attr:`abandoned`)."""
         if reservation.n:
             self.pending -= 1
+            self.abandoned += reservation.n
 
     def _hide(self, start: int, n: int) -> None:
         """Empty ``n`` slots from ``start`` (wrapping): priority zero and no key, so nothing finds the old items."""
