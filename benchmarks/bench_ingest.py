@@ -7,11 +7,14 @@ bidirectional stream that receives the same bytes and acks each message, nothing
 
     python benchmarks/bench_ingest.py --actors 2 --obs cartpole --json
     python benchmarks/bench_ingest.py --actors 2 --obs atari --json
+    python benchmarks/bench_ingest.py --actors 2 --obs atari --server aio   # Connect on grpc.aio instead
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import statistics
@@ -133,6 +136,65 @@ class BareSink:
         self.server.stop(1).wait()
 
 
+class AioLearnerServer:
+    """The learner's Connect stream on grpc.aio, to weigh against the sync server the product runs:
+    Welcome and the current policy, then each batch ingested on the event loop and acked. Only what
+    this benchmark exercises (no Hello checks, auth, status or drain)."""
+
+    def __init__(self, learner: Learner):
+        self.learner = learner
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=asyncio.run, args=(self._serve(),), daemon=True)
+        self._thread.start()
+        self._started.wait(30)
+
+    async def _connect(self, request_iterator, context):
+        first = await context.read()
+        stream = self.learner.connect(first.hello)
+        version, messages = self.learner.broadcast.latest()
+        await context.write(pb.LearnerMessage(welcome=self.learner.welcome(stream, version)))
+        for message in messages:
+            await context.write(message)
+        try:
+            while (message := await context.read()) is not grpc.aio.EOF:
+                inserted = self.learner.ingest(stream, message.batch)
+                await context.write(pb.LearnerMessage(ack=pb.Ack(seq=message.batch.seq, accepted=True,
+                                                                 reason="" if inserted else "duplicate")))
+        finally:
+            self.learner.disconnect(stream)
+
+    async def _serve(self):
+        server = grpc.aio.server(options=grpc_options(MESSAGE_LIMIT))
+        handler = grpc.stream_stream_rpc_method_handler(self._connect, request_deserializer=pb.ActorMessage.FromString,
+                                                        response_serializer=pb.LearnerMessage.SerializeToString)
+        name = pb.DESCRIPTOR.services_by_name["Learner"].full_name
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, {"Connect": handler}),))
+        self.port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        self._started.set()
+        await self._stop.wait()
+        await server.stop(1)
+
+    def stop(self):
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+
+@contextlib.contextmanager
+def learner_server(learner: Learner, kind: str):
+    """The learner served by the product's sync server or by :class:`AioLearnerServer`; yields the port."""
+    if kind == "sync":
+        with serve(learner, "127.0.0.1", 0) as port:
+            yield port
+        return
+    server = AioLearnerServer(learner)
+    try:
+        yield server.port
+    finally:
+        server.stop()
+
+
 def measure(counter, clients: list[mp.Process], stop, readies, warmup: float, seconds: float) -> float:
     """Count per second of ``counter()`` over ``seconds`` after ``warmup``, clients running."""
     for proc in clients:
@@ -159,7 +221,7 @@ def run_ours(ctx, args, payload: bytes, n: int, message_bytes: int) -> float:
     config = LearnerConfig(env=env_id(args.obs), replay_capacity=capacity, eval_every=0, max_unacked=args.window,
                            min_replay_size=10**12, max_message_bytes=MESSAGE_LIMIT)
     learner = Learner(config)
-    with serve(learner, "127.0.0.1", 0) as port:
+    with learner_server(learner, args.server) as port:
         hello = pb.Hello(protocol_version=wire.PROTOCOL_VERSION, algorithm="dqn", env_spec=learner.env_spec,
                          policy_version=-1)
         stop, readies, clients = ctx.Event(), [], []
@@ -194,6 +256,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="runs per side; the median is reported")
     parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per run")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
+    parser.add_argument("--server", choices=("sync", "aio"), default="sync",
+                        help="our side: the product's sync gRPC server, or the same Connect stream on grpc.aio")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args()
 
@@ -204,12 +268,12 @@ def main() -> None:
         ours.append(run_ours(ctx, args, payload, n, len(payload)))
         baseline.append(run_baseline(ctx, args, payload))
     ours_mb, base_mb = statistics.median(ours) / 1e6, statistics.median(baseline) / 1e6
-    result = {"obs": args.obs, "actors": args.actors, "message_bytes": len(payload), "transitions_per_message": n,
+    result = {"obs": args.obs, "server": args.server, "actors": args.actors, "message_bytes": len(payload), "transitions_per_message": n,
               "ingest_mb_s": round(ours_mb, 1), "baseline_mb_s": round(base_mb, 1), "ratio": round(ours_mb / base_mb, 3),
               "transitions_s": round(ours_mb * 1e6 / len(payload) * n), "runs": args.runs}
-    print("| obs | actors | message | ours MB/s | bare gRPC MB/s | ratio | transitions/s |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    print(f"| {args.obs} | {args.actors} | {len(payload) / 1e6:.2f} MB | {ours_mb:.1f} | {base_mb:.1f} | "
+    print("| obs | server | actors | message | ours MB/s | bare gRPC MB/s | ratio | transitions/s |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print(f"| {args.obs} | {args.server} | {args.actors} | {len(payload) / 1e6:.2f} MB | {ours_mb:.1f} | {base_mb:.1f} | "
           f"{ours_mb / base_mb:.2f}x | {result['transitions_s']:,} |")
     if args.json:
         print(json.dumps(result))

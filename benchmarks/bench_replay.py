@@ -6,6 +6,7 @@ so machine noise hits both alike. Reports medians of ``--runs`` runs and the rat
 
     python benchmarks/bench_replay.py                 # every case, CPU
     python benchmarks/bench_replay.py --device cuda   # our buffer on the GPU (cpprb stays on CPU)
+    python benchmarks/bench_replay.py --compile-times # the CPU kernels' first use: cold, then cached
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -125,6 +130,32 @@ def run_case(case, batch_sizes, runs, seconds, device, add_chunk, branching):
     return rows
 
 
+FIRST_USE = """
+import time, numpy as np, torch
+from actorlearner.replay import PrioritizedReplay
+buf = PrioritizedReplay(1000, {"obs": ((4,), torch.float32), "action": ((), torch.int64)})
+began = time.perf_counter()
+buf.add({"obs": np.ones((300, 4), np.float32), "action": np.arange(300)})
+sample = buf.sample(32)
+buf.update_priorities(sample.indices, np.ones(32))
+print(time.perf_counter() - began)
+"""
+
+
+def compile_times(runs: int) -> dict[str, float]:
+    """Seconds of a new process's first add + sample + update: with an empty kernel cache (numba
+    compiles), then with the cache that run left (numba loads). Medians of ``runs`` pairs."""
+    cold, cached = [], []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "NUMBA_CACHE_DIR": cache}
+            for out in (cold, cached):
+                result = subprocess.run([sys.executable, "-c", FIRST_USE], env=env, capture_output=True, text=True,
+                                        check=True)
+                out.append(float(result.stdout.split()[-1]))
+    return {"cold_s": statistics.median(cold), "cached_s": statistics.median(cached), "runs": runs}
+
+
 def summarize(case, operation, unit, results):
     ours, theirs = statistics.median(results["actorlearner"]), statistics.median(results["cpprb"])
     return {"case": case, "operation": operation, "unit": unit, "ours": ours, "cpprb": theirs,
@@ -143,7 +174,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (cpprb uses one; 0 keeps torch's default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--compile-times", action="store_true",
+                        help="only time the CPU kernels' first use in new processes, cold and cached")
     args = parser.parse_args()
+    if args.compile_times:
+        times = compile_times(args.runs)
+        print(f"first add+sample+update: {times['cold_s']:.2f} s cold (compiling), {times['cached_s']:.2f} s cached")
+        if args.json:
+            print(json.dumps(times))
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
 
