@@ -139,7 +139,7 @@ class PrioritizedReplay:
 
     @property
     def inserted(self) -> int:
-        """Items added since creation, overwritten ones included."""
+        """Items added since creation (keys issued: reserved, overwritten and abandoned ones included)."""
         return self._inserted
 
     @property
