@@ -2,7 +2,8 @@
 
 Used in-process, or as its own process (``python raw_actor.py ADDRESS ACTOR_ID TAG``) that
 reads ``send SEQ N`` lines on stdin and prints ``welcome``, ``sending SEQ BYTES`` and
-``ack SEQ ACCEPTED REASON`` lines, so that a test can kill it at an exact point.
+``ack SEQ ACCEPTED REASON`` lines, so that a test can kill it at an exact point, and
+``ended CODE DETAILS`` if the learner ends the stream.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class RawActor:
             self.send(seq, n)
         return sorted(self.ack() for _ in seqs)
 
+    def ended(self) -> str:
+        """How the stream ended: its status code and details."""
+        return f"{self._stream.code} {self._stream.details}"
+
     def close(self) -> None:
         self._stream.close()
 
@@ -55,9 +60,12 @@ def main(address: str, actor_id: str, tag: str) -> None:
     print("welcome", flush=True)
 
     def report():
-        while True:
-            seq, accepted, reason = actor.ack(timeout=None)
-            print(f"ack {seq} {int(accepted)} {reason}".rstrip(), flush=True)
+        try:
+            while True:
+                seq, accepted, reason = actor.ack(timeout=None)
+                print(f"ack {seq} {int(accepted)} {reason}".rstrip(), flush=True)
+        except AssertionError:  # the stream ended: say how, so that a waiting test can tell
+            print(f"ended {actor.ended()}", flush=True)
 
     threading.Thread(target=report, daemon=True).start()
     for line in sys.stdin:

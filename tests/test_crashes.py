@@ -69,10 +69,21 @@ def test_actor_killed_with_a_batch_half_sent_leaves_nothing_of_it(tmp_path):
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in victim.stdout], daemon=True).start()
 
+    seen: list[str] = []
+
     def victim_says(prefix: str) -> list[str]:
-        while not (line := lines.get(timeout=60)).startswith(prefix):
-            pass
-        return line.split()
+        """The victim's next line starting with ``prefix``; what it said before, and where its bytes
+        went, if none comes within a minute (or its stream ends)."""
+        while True:
+            try:
+                line = lines.get(timeout=60)
+            except queue.Empty:
+                raise AssertionError(f"no {prefix!r} line from the victim in 60 s; it said {seen}; proxy "
+                                     f"forwarded {proxy.forwarded}, live {proxy.live()}") from None
+            seen.append(line.strip())
+            if line.startswith(prefix):
+                return line.split()
+            assert not line.startswith("ended"), f"the victim's stream ended: it said {seen}"
 
     try:
         assert victim_says("welcome")
