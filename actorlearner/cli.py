@@ -1,4 +1,4 @@
-"""``actorlearner learner|actor|env-server|run|status``: the binaries users run."""
+"""``actorlearner learner|actor|env-server|run|status|eval``: the binaries users run."""
 
 from __future__ import annotations
 
@@ -48,12 +48,22 @@ def main(argv: list[str] | None = None) -> int:
     status.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
     cfg.add_arguments(status, SecurityConfig)
+    evaluation = commands.add_parser("eval", help="play a checkpoint's policy greedily and report its returns")
+    evaluation.add_argument("--checkpoint", required=True,
+                            help="a run directory, a checkpoint directory (its newest usable one) or one checkpoint")
+    evaluation.add_argument("--env", default="", help="env to play (default: the one it was trained on)")
+    evaluation.add_argument("--episodes", type=int, default=20, help="greedy episodes to play")
+    evaluation.add_argument("--envs", type=int, default=4, help="envs the episodes are spread over")
+    evaluation.add_argument("--seed", type=int, default=0, help="env i is reset with seed + i")
+    evaluation.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     try:
         if args.command == "status":
             return status_command(args.learner, args.json, args.timeout, cfg.build(SecurityConfig, args))
+        if args.command == "eval":
+            return eval_command(args.checkpoint, args.env, args.episodes, args.envs, args.seed, args.json)
         config_class, command, _ = COMMANDS[args.command]
         config = cfg.build(config_class, args, algorithm=algorithm)
     except ValueError as exc:
@@ -167,6 +177,10 @@ def run_command(config: cfg.RunConfig) -> int:
     from actorlearner.learner.server import serve
 
     learner_config = dataclasses.replace(config.learner, host="127.0.0.1", port=0, num_actors=config.actors)
+    if config.run_dir:
+        learner_config = dataclasses.replace(
+            learner_config, checkpoint_dir=learner_config.checkpoint_dir or os.path.join(config.run_dir, "checkpoints"),
+            logdir=learner_config.logdir or os.path.join(config.run_dir, "tb"))
     learner = _start_learner(Learner, learner_config)
     if learner is None:
         return 2
@@ -197,7 +211,7 @@ def run_command(config: cfg.RunConfig) -> int:
     solved = learner.evaluations > 0 and learner.eval_mean >= config.target_return
     result = {"solved": solved, "eval_return": learner.eval_mean if learner.evaluations else None,
               "seconds": round(time.monotonic() - start, 2), "env_steps": learner.env_steps,
-              "updates": learner.updates, "policy_version": learner.version}
+              "updates": learner.updates, "policy_version": learner.version, "run_dir": config.run_dir or None}
     print(json.dumps(result), flush=True)
     return 0 if solved else 1
 
@@ -270,6 +284,31 @@ def status_command(address: str, as_json: bool, timeout: float, security: Securi
     for a in actors:
         print(f"{a['id']:24s} {a['policy_version']:8d} {a['lag']:5d} {a['batches_per_second']:10.2f} "
               f"{a['inserted']:8d} {a['duplicates']:6d} {a['connected']}")
+    return 0
+
+
+def eval_command(checkpoint: str, env: str, episodes: int, num_envs: int, seed: int, as_json: bool) -> int:
+    """Print a checkpoint's greedy returns (mean, std, min, max); exit 1 if it cannot be loaded."""
+    from actorlearner.learner.checkpoint import CheckpointError
+    from actorlearner.trained import evaluate_trained, load_trained
+
+    if episodes < 1 or num_envs < 1:
+        print(f"need --episodes >= 1 and --envs >= 1, got {episodes} and {num_envs}", file=sys.stderr)
+        return 2
+    try:
+        trained = load_trained(checkpoint, env)
+    except (CheckpointError, ValueError) as exc:
+        print(f"cannot load {checkpoint}: {exc}", file=sys.stderr)
+        return 1
+    result = evaluate_trained(trained, episodes, num_envs, seed)
+    summary = {"episodes": result.episodes, "mean_return": result.mean, "std_return": result.std,
+               "min_return": result.min, "max_return": result.max}
+    if as_json:
+        print(json.dumps(summary))
+        return 0
+    print(f"{trained.algorithm} on {trained.env} from {trained.source}")
+    for key, value in summary.items():
+        print(f"{key:12s} {value:g}")
     return 0
 
 

@@ -185,6 +185,8 @@ class RunConfig:
     """Stop (unsolved) after this long."""
     num_envs: int = 4
     """Environments per actor."""
+    run_dir: str = ""
+    """Keep this run's checkpoints (checkpoints/) and TensorBoard logs (tb/) here unless --checkpoint-dir or --logdir say otherwise; `actorlearner eval --checkpoint` reads it."""
     learner: LearnerConfig = field(default_factory=LearnerConfig, metadata={"flatten": True})
     """Learner settings."""
 

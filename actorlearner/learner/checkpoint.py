@@ -478,6 +478,21 @@ class CheckpointStore:
         return None
 
 
+def read_checkpoint(path: str | os.PathLike[str]) -> tuple[Path, dict[str, dict[str, Any]]]:
+    """``(checkpoint directory, parts)`` for ``path``: one checkpoint (``ckpt-*``), or the newest usable
+    one in a checkpoint directory. Read only: nothing there is moved or removed, so a learner may
+    be writing to it meanwhile. CheckpointError when there is none."""
+    path = Path(path)
+    candidates = [path] if (path / "manifest.json").exists() else [p for _, p in reversed(_checkpoint_dirs(path))]
+    problems = []
+    for candidate in candidates:
+        try:
+            return candidate, _load_checkpoint(candidate, None)[1]
+        except (CheckpointError, OSError) as e:
+            problems.append(f"{candidate.name}: {e}")
+    raise CheckpointError(f"no usable checkpoint in {path}" + (f" ({'; '.join(problems)})" if problems else ""))
+
+
 # --------------------------------------------------------------------------- RNG states
 
 

@@ -387,7 +387,8 @@ class Learner:
         if result.mean > self.eval_best:
             self.eval_best = result.mean
             if self.checkpoints:
-                self.checkpoints.save_best({"policy": policy.policy_state_dict()}, result.mean, step=self.version)
+                self.checkpoints.save_best({"policy": policy.policy_state_dict(), "run": self.run_record()}, result.mean,
+                                           step=self.version)
         return result
 
     # -- state -----------------------------------------------------------------------------
@@ -414,13 +415,19 @@ class Learner:
                              "samples": self.limiter.samples}
             replay = self.replay.snapshot(self.replay_lock) if self.config.checkpoint_replay else None
         try:
-            parts = {"algorithm": self.algorithm.state_dict(), "learner": learner_state, "rng": rng_state(self.device)}
+            parts = {"algorithm": self.algorithm.state_dict(), "learner": learner_state, "rng": rng_state(self.device),
+                     "run": self.run_record()}
             if replay is not None:
                 parts["replay"] = replay.state()
             self.checkpoints.save(step, parts)
         finally:
             if replay is not None:
                 replay.close()
+
+    def run_record(self) -> dict[str, str | int]:
+        """What a checkpoint needs to rebuild its policy without this learner: env, algorithm, its options."""
+        return {"env": self.config.env, "algorithm": self.config.algorithm,
+                "algorithm_config": config_json(self.algorithm_config), "seed": self.config.seed}
 
     def _restore(self) -> None:
         if not self.checkpoints:
