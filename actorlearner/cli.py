@@ -9,6 +9,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import grpc
 
 from actorlearner import config as cfg
 from actorlearner.algorithms import resolve as resolve_algorithm
+from actorlearner.curve import LearningCurve
 from actorlearner.health import CONNECTED, Health
 from actorlearner.metrics import serve_metrics
 from actorlearner.telemetry import format_progress
@@ -176,11 +178,11 @@ def run_command(config: cfg.RunConfig) -> int:
     from actorlearner.learner.learner import Learner
     from actorlearner.learner.server import serve
 
-    learner_config = dataclasses.replace(config.learner, host="127.0.0.1", port=0, num_actors=config.actors)
-    if config.run_dir:
-        learner_config = dataclasses.replace(
-            learner_config, checkpoint_dir=learner_config.checkpoint_dir or os.path.join(config.run_dir, "checkpoints"),
-            logdir=learner_config.logdir or os.path.join(config.run_dir, "tb"))
+    run_dir = config.run_dir or new_run_dir(config.learner)
+    learner_config = dataclasses.replace(
+        config.learner, host="127.0.0.1", port=0, num_actors=config.actors,
+        checkpoint_dir=config.learner.checkpoint_dir or os.path.join(run_dir, "checkpoints"),
+        logdir=config.learner.logdir or os.path.join(run_dir, "tb"))
     learner = _start_learner(Learner, learner_config)
     if learner is None:
         return 2
@@ -188,12 +190,16 @@ def run_command(config: cfg.RunConfig) -> int:
     on_signals(stop.set)
     start = time.monotonic()
     solved = False
+    curve, evaluations = LearningCurve(), 0
     with serve(learner, "127.0.0.1", 0) as port:
         learner.start()
         actors = [_spawn_actor(config, port, i) for i in range(config.actors)]
         last_print = 0.0
         while not stop.wait(0.5):
             elapsed = time.monotonic() - start
+            new_eval = learner.evaluations > evaluations
+            evaluations = learner.evaluations
+            curve.record(elapsed, learner.env_steps, learner.recent_return, learner.eval_mean if new_eval else None)
             solved = learner.evaluations > 0 and learner.eval_mean >= config.target_return
             if solved or elapsed >= config.max_seconds:
                 break
@@ -208,10 +214,17 @@ def run_command(config: cfg.RunConfig) -> int:
                 print(f"[{elapsed:6.1f}s] {format_progress({**learner.progress(), 'sps': sps})}", file=sys.stderr, flush=True)
         _stop_processes(actors)
     learner.stop()  # joins an evaluation already under way; its result counts
+    elapsed = time.monotonic() - start
+    curve.record(elapsed, learner.env_steps, learner.recent_return,
+                 learner.eval_mean if learner.evaluations > evaluations else None)
     solved = learner.evaluations > 0 and learner.eval_mean >= config.target_return
     result = {"solved": solved, "eval_return": learner.eval_mean if learner.evaluations else None,
-              "seconds": round(time.monotonic() - start, 2), "env_steps": learner.env_steps,
-              "updates": learner.updates, "policy_version": learner.version, "run_dir": config.run_dir or None}
+              "seconds": round(elapsed, 2), "env_steps": learner.env_steps,
+              "updates": learner.updates, "policy_version": learner.version, "run_dir": run_dir}
+    if config.plot:
+        result["curve"] = os.path.join(run_dir, "curve.png")
+        curve.save_png(result["curve"], f"{learner_config.algorithm} on {learner_config.env}, seed {learner_config.seed}")
+        print(f"learning curve: {result['curve']}", file=sys.stderr, flush=True)
     print(json.dumps(result), flush=True)
     return 0 if solved else 1
 
@@ -223,6 +236,12 @@ COMMANDS = {
                    "serve an environment over env.proto, one instance per session"),
     "run": (cfg.RunConfig, run_command, "a learner and N actors on loopback until solved or out of time"),
 }
+
+
+def new_run_dir(config: cfg.LearnerConfig) -> str:
+    """``runs/<env>-<algorithm>-<date-time>``, with characters a path cannot hold replaced by ``_``."""
+    name = f"{config.env}-{config.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return os.path.join("runs", re.sub(r"[^A-Za-z0-9._-]", "_", name))
 
 
 def _start_learner(learner_class, config: cfg.LearnerConfig):

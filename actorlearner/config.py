@@ -186,7 +186,9 @@ class RunConfig:
     num_envs: int = 4
     """Environments per actor."""
     run_dir: str = ""
-    """Keep this run's checkpoints (checkpoints/) and TensorBoard logs (tb/) here unless --checkpoint-dir or --logdir say otherwise; `actorlearner eval --checkpoint` reads it."""
+    """Where this run keeps its checkpoints (checkpoints/), TensorBoard logs (tb/) and learning curve (curve.png), unless --checkpoint-dir or --logdir say otherwise; `actorlearner eval --checkpoint` reads it. Default: a new directory under runs/."""
+    plot: bool = True
+    """Write the learning curve (episode and eval returns against env steps and wall time) as curve.png in the run directory at the end."""
     learner: LearnerConfig = field(default_factory=LearnerConfig, metadata={"flatten": True})
     """Learner settings."""
 
@@ -244,6 +246,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, algorithm: type | 
         default = _show(defaults.get(opt.path, opt.default))
         parser.add_argument(opt.flag, dest=_dest(opt), default=None, metavar=_metavar(opt.kind),
                             help=f"{opt.help} [default: {default}; env {opt.env_var}]")
+        if opt.kind is bool:
+            parser.add_argument(f"--no-{opt.flag[2:]}", dest=_dest(opt), action="store_const", const=False,
+                                help=f"the same as {opt.flag} false")
 
 
 def all_options(cls: type, algorithm: type | None = None) -> list[Option]:

@@ -26,6 +26,8 @@ REPLAY_SAMPLE_RATE = "replay/sample_rate"
 POLICY_VERSION = "policy/version"
 POLICY_LAG_MAX = "policy/lag_max"
 """Largest learner-minus-actor policy version over connected actors."""
+HYPERPARAMETERS = "hyperparameters"
+"""Text: the learner's and the algorithm's settings, a markdown table written once at the start."""
 EVAL_MEAN_RETURN = "eval/mean_return"
 EVAL_STD_RETURN = "eval/std_return"
 
@@ -61,6 +63,13 @@ class Telemetry:
         with self._lock:
             for tag, value in values.items():
                 self._writer.add_scalar(tag, float(value), int(step))
+
+    def text(self, tag: str, text: str, step: int = 0) -> None:
+        """Record ``text`` (markdown) for ``tag`` at ``step``."""
+        if self._writer is None:
+            return
+        with self._lock:
+            self._writer.add_text(tag, text, int(step))
 
     def flush(self) -> None:
         """Write pending events to disk now."""

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import tempfile
 
 import pytest
 from custom_envs import GOAL_IMAGE_OPTIMAL_RETURN, GOAL_IMAGE_RANDOM_RETURN
@@ -14,9 +15,10 @@ MAX_SECONDS = 240
 
 def run_until(target: float, *args: str) -> dict:
     """``actorlearner run`` with two actor processes until the evaluated return reaches ``target``."""
-    done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--actors", "2", "--seed", "0",
-                           "--target-return", str(target), "--max-seconds", str(MAX_SECONDS), *args],
-                          capture_output=True, text=True, timeout=MAX_SECONDS + 120, env=CHILD_ENV)
+    with tempfile.TemporaryDirectory() as run_dir:
+        done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--actors", "2", "--seed", "0",
+                               "--target-return", str(target), "--max-seconds", str(MAX_SECONDS), "--run-dir", run_dir,
+                               *args], capture_output=True, text=True, timeout=MAX_SECONDS + 120, env=CHILD_ENV)
     lines = done.stdout.strip().splitlines()
     assert lines, f"run printed no result (exit {done.returncode}):\n{done.stderr[-3000:]}"
     result = json.loads(lines[-1])
@@ -74,10 +76,11 @@ def test_r2d2_remembers_a_cue_that_feed_forward_dqn_cannot():
 @pytest.mark.learning
 def test_feed_forward_dqn_stays_near_zero_on_the_memory_task():
     """Without memory the best policy is a guess: over 200 evaluation episodes its mean stays near 0 (sd 0.07)."""
-    done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--actors", "2", "--seed", "0",
-                           "--env", "custom_envs:memory_cue", "--target-return", "0.9", "--max-seconds", "40",
-                           "--eval-episodes", "200"],
-                          capture_output=True, text=True, timeout=300, env=CHILD_ENV)
+    with tempfile.TemporaryDirectory() as run_dir:
+        done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--actors", "2", "--seed", "0",
+                               "--env", "custom_envs:memory_cue", "--target-return", "0.9", "--max-seconds", "40",
+                               "--eval-episodes", "200", "--run-dir", run_dir],
+                              capture_output=True, text=True, timeout=300, env=CHILD_ENV)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["solved"] is False and abs(result["eval_return"]) <= 0.3, result
     assert result["updates"] > 500  # it trained, and still cannot tell the cue

@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -136,6 +137,7 @@ class Learner:
         self.broadcast = PolicyBroadcast(config.chunk_bytes)
         self.checkpoints = CheckpointStore(config.checkpoint_dir, config.keep_checkpoints) if config.checkpoint_dir else None
         self.telemetry = telemetry.Telemetry(config.logdir or None)
+        self.telemetry.text(telemetry.HYPERPARAMETERS, self.hyperparameters_table())
         self.learner_id = uuid.uuid4().hex[:12]
 
         self.version = 0
@@ -423,6 +425,15 @@ class Learner:
         finally:
             if replay is not None:
                 replay.close()
+
+    def hyperparameters_table(self) -> str:
+        """The learner's settings and the algorithm's, as a markdown table (security settings left out)."""
+        settings = {name: value for name, value in dataclasses.asdict(self.config).items()
+                    if name not in ("security", "algorithm_config")}
+        settings.update({f"{self.config.algorithm}.{name}": value
+                         for name, value in dataclasses.asdict(self.algorithm_config).items()})
+        rows = "\n".join(f"| {name} | {value} |" for name, value in settings.items())
+        return f"| setting | value |\n|---|---|\n{rows}"
 
     def run_record(self) -> dict[str, str | int]:
         """What a checkpoint needs to rebuild its policy without this learner: env, algorithm, its options."""

@@ -1,20 +1,24 @@
-"""``actorlearner eval``: a checkpoint's policy played greedily, without a learner."""
+"""After training: ``run``'s run directory (checkpoints, logs, curve.png) and ``actorlearner eval``."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from actorlearner import config as cfg
 from actorlearner.config import LearnerConfig
 from actorlearner.envs import make_env
 from actorlearner.learner.checkpoint import CheckpointError
 from actorlearner.learner.learner import Learner
 from actorlearner.trained import evaluate_trained, load_trained
-from procs import CHILD_ENV
+from procs import CHILD_ENV, FAST_LEARNER
 
 
 def eval_json(*args: str) -> subprocess.CompletedProcess:
@@ -60,3 +64,33 @@ def test_eval_refuses_what_is_not_a_usable_checkpoint(tmp_path):
     assert done.returncode == 1 and "no usable checkpoint" in done.stderr
     with pytest.raises(CheckpointError, match="no usable checkpoint"):
         load_trained(tmp_path)
+
+
+def test_run_keeps_checkpoints_logs_and_a_learning_curve_in_its_run_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "actorlearner", "run", *FAST_LEARNER, "--actors", "1",
+                           "--num-envs", "2", "--max-seconds", "25", "--target-return", "1000", "--eval-every", "3",
+                           "--eval-episodes", "2", "--eval-envs", "2", "--run-dir", str(run_dir)],
+                          capture_output=True, text=True, timeout=240, env=CHILD_ENV)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["run_dir"] == str(run_dir) and result["curve"] == str(run_dir / "curve.png"), result
+    assert f"learning curve: {run_dir / 'curve.png'}" in done.stderr
+    # The picture: both panels drawn, with the episode-return line (blue) and the eval line (orange).
+    image = np.asarray(Image.open(run_dir / "curve.png").convert("RGB"))
+    assert image.shape == (450, 1100, 3)
+    pixels = {tuple(p) for p in image.reshape(-1, 3)[::7]}
+    assert (31, 119, 180) in pixels and (255, 127, 14) in pixels, "a curve is missing from the PNG"
+    assert list((run_dir / "checkpoints").glob("ckpt-*/manifest.json")), "no checkpoint in the run directory"
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    assert "hyperparameters/text_summary" in events.Tags()["tensors"]
+    text = events.Tensors("hyperparameters/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "| batch_size | 64 |" in text and "| dqn.hidden_sizes | (32, 32) |" in text
+    assert load_trained(run_dir).env == "CartPole-v1"
+
+
+def test_no_plot_turns_the_curve_off():
+    parser = argparse.ArgumentParser()
+    cfg.add_arguments(parser, cfg.RunConfig)
+    assert cfg.build(cfg.RunConfig, parser.parse_args(["--no-plot"])).plot is False
+    assert cfg.build(cfg.RunConfig, parser.parse_args([])).plot is True
