@@ -23,25 +23,45 @@ class LearningCurve:
 
     def save_png(self, path: str | Path, title: str) -> None:
         """Returns against env steps (left) and wall seconds (right)."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
-        for ax, x, label in zip(axes, (1, 0), ("env steps (all actors)", "wall seconds")):
+        fig, axes = new_panels()
+        for ax, x in zip(axes, (1, 0)):  # the index of env steps, then of seconds, in a point
             if self.episodes:
                 ax.plot([p[x] for p in self.episodes], [p[2] for p in self.episodes], color="tab:blue",
                         linewidth=1, label="episode return (actors, recent mean)")
             if self.evaluations:
                 ax.plot([p[x] for p in self.evaluations], [p[2] for p in self.evaluations], color="tab:orange",
                         marker="o", markersize=3, linewidth=1.5, label="eval return (greedy, learner)")
-            ax.set_xlim(0, None)
-            ax.set_xlabel(label)
-            ax.grid(True, alpha=0.3)
-        axes[0].set_ylabel("return")
-        axes[0].legend(fontsize=8)
-        fig.suptitle(title, fontsize=10)
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        save_panels(fig, axes, path, title, "return")
+
+
+PANELS = (("env_steps", "env steps (all actors)"), ("seconds", "wall seconds"))
+"""What the two panels of a learning-curve figure plot along x, left then right: (key, axis label)."""
+
+
+def new_panels():
+    """A figure of two panels sharing their y axis (see :data:`PANELS`), drawn off-screen."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+
+
+def save_panels(fig, axes, path: str | Path, title: str, ylabel: str, *, note: str = "", dpi: int = 100,
+                legend_size: int = 8) -> None:
+    """Label, title and write a :func:`new_panels` figure to ``path``, then free it."""
+    import matplotlib.pyplot as plt
+
+    for ax, (_, label) in zip(axes, PANELS):
+        ax.set_xlim(0, None)
+        ax.set_xlabel(label)
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel(ylabel)
+    axes[0].legend(fontsize=legend_size)
+    fig.suptitle(title, fontsize=10)
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=7)
+    fig.tight_layout(rect=(0, 0.03 if note else 0, 1, 1))
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)

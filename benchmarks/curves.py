@@ -25,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 
+from actorlearner.curve import PANELS, new_panels, save_panels
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
@@ -138,14 +140,10 @@ def eval_curve(run: dict, x: str = "env_steps") -> list[tuple[float, float]]:
 def plot(runs: list[dict], title: str, path: Path, references: list[tuple[float, str]], note: str = "") -> None:
     """Eval return against env steps (left) and wall seconds (right); ``references`` are
     (return, label) levels drawn across both."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
-    for ax, x, label in zip(axes, ("env_steps", "seconds"), ("env steps (all actors)", "wall seconds")):
+    fig, axes = new_panels()
+    for ax, (x, _) in zip(axes, PANELS):
         curves = [(run, curve) for run in runs if (curve := eval_curve(run, x))]
         for run, curve in curves:
             ax.plot(*zip(*curve), alpha=0.35 if len(curves) > 1 else 1.0, linewidth=1, label=f"seed {run['seed']}")
@@ -157,17 +155,8 @@ def plot(runs: list[dict], title: str, path: Path, references: list[tuple[float,
             ax.fill_between(grid, ys.min(0), ys.max(0), color="gray", alpha=0.2, label="min-max over seeds")
         for (value, text), color in zip(references, ("tab:red", "tab:purple", "tab:brown")):
             ax.axhline(value, color=color, linestyle="--", linewidth=1, label=text)
-        ax.set_xlim(0, None)
-        ax.set_xlabel(label)
-        ax.grid(True, alpha=0.3)
-    axes[0].set_ylabel("eval return (learner's evaluator, deterministic)")
-    axes[0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    if note:
-        fig.text(0.01, 0.01, note, fontsize=7)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_panels(fig, axes, path, title, "eval return (learner's evaluator, deterministic)", note=note, dpi=120,
+                legend_size=7)
 
 
 def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
