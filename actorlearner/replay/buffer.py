@@ -245,10 +245,8 @@ class PrioritizedReplay:
                                    self._keys_np)
             return
         with torch.inference_mode():
-            for at, length in ((start, min(n, self.capacity - start)), (0, n - min(n, self.capacity - start))):
-                if length:
-                    self._keys[at:at + length] = -1
-                    self._tree.update_range(at, torch.zeros(length, dtype=torch.float64, device=self.device))
+            self._write(self._keys, start, torch.full((n,), -1, dtype=torch.long, device=self.device))
+            self._write(None, start, torch.zeros(n, dtype=torch.float64, device=self.device))
 
     def sample(self, batch_size: int, min_policy_version: int | None = None) -> Sample:
         """Draw ``batch_size`` items with probability proportional to their priority.
@@ -265,7 +263,8 @@ class PrioritizedReplay:
         beta = self.beta
         self._sample_calls += 1
 
-        if self.compiled and self._tree.total() > 0:
+        has_mass = self._tree.total() > 0
+        if self.compiled and has_mass:
             uniforms = torch.rand(batch_size, dtype=torch.float64).numpy()
             slots, weights = np.empty(batch_size, dtype=np.int64), np.empty(batch_size, dtype=np.float32)
             rows = np.empty((batch_size, self._words_np.shape[1]), dtype=np.int64)
@@ -275,7 +274,7 @@ class PrioritizedReplay:
             columns = self._numpy_columns(rows)
             keys, versions = columns.pop(_KEY), columns.pop(_VERSION)
             return Sample(keys, torch.from_numpy(weights), columns, versions)
-        if self._tree.total() > 0:
+        if has_mass:
             slots = self._tree.sample(batch_size)
             leaf = self._tree.leaves.index_select(0, slots)
             weights = leaf.div_(self._tree.min_positive()).pow_(-beta).float()
@@ -415,8 +414,7 @@ class PrioritizedReplay:
         code, bad, high = cpu_kernels.update_priorities(
             tree.tree, tree.mins, tree.offsets, tree.branching, keys, priorities, self._inserted,
             self._keys_np, self._versions_np, self._min_version_or_lowest(), self.eps, self.alpha)
-        if code:
-            raise ValueError(f"priorities must be finite and >= 0; got {_PRIORITY_ERRORS[code]} values")
+        _raise_for_priorities(code)
         if bad >= 0:
             raise ValueError(f"indices out of range [0, {self._inserted}): {[int(keys[bad])]}")
         self._max_priority = max(self._max_priority, high)
@@ -442,8 +440,7 @@ class PrioritizedReplay:
             return p
         if self.compiled:
             code, high = cpu_kernels.check_priorities(p)
-            if code:
-                raise ValueError(f"priorities must be finite and >= 0; got {_PRIORITY_ERRORS[code]} values")
+            _raise_for_priorities(code)
             self._max_priority = max(self._max_priority, high)
             return p
         low, high = (float(x) for x in torch.aminmax(p))
@@ -622,6 +619,12 @@ class SnapshotColumn:
     def materialize(self) -> torch.Tensor:
         """The whole column as one CPU tensor, in one read."""
         return self.snapshot.read(self.name, 0, self.snapshot.rows).cpu()
+
+
+def _raise_for_priorities(code: int) -> None:
+    """The ValueError for a kernel's priority check ``code`` (nothing for 0)."""
+    if code:
+        raise ValueError(f"priorities must be finite and >= 0; got {_PRIORITY_ERRORS[code]} values")
 
 
 def _as_numpy(values) -> np.ndarray:
