@@ -58,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     evaluation.add_argument("--envs", type=int, default=4, help="envs the episodes are spread over")
     evaluation.add_argument("--seed", type=int, default=0, help="env i is reset with seed + i")
     evaluation.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    evaluation.add_argument("--video", metavar="DIR", default="",
+                            help="record the first --video-episodes episodes (env 0's, then env 1's, ...) as MP4s "
+                                 "in DIR, named env-I-episode-J.mp4; the env must render rgb_array frames")
+    evaluation.add_argument("--video-episodes", type=int, default=3, metavar="K",
+                            help="episodes --video records (default: 3)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
@@ -65,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "status":
             return status_command(args.learner, args.json, args.timeout, cfg.build(SecurityConfig, args))
         if args.command == "eval":
-            return eval_command(args.checkpoint, args.env, args.episodes, args.envs, args.seed, args.json)
+            return eval_command(args.checkpoint, args.env, args.episodes, args.envs, args.seed, args.json,
+                                args.video, args.video_episodes)
         config_class, command, _ = COMMANDS[args.command]
         config = cfg.build(config_class, args, algorithm=algorithm)
     except ValueError as exc:
@@ -306,28 +312,41 @@ def status_command(address: str, as_json: bool, timeout: float, security: Securi
     return 0
 
 
-def eval_command(checkpoint: str, env: str, episodes: int, num_envs: int, seed: int, as_json: bool) -> int:
-    """Print a checkpoint's greedy returns (mean, std, min, max); exit 1 if it cannot be loaded."""
+def eval_command(checkpoint: str, env: str, episodes: int, num_envs: int, seed: int, as_json: bool,
+                 video: str = "", video_episodes: int = 3) -> int:
+    """Print a checkpoint's greedy returns (mean, std, min, max), and with ``video`` the MP4s recorded
+    of its first ``video_episodes`` episodes; exit 1 if it cannot be loaded or its env cannot render."""
     from actorlearner.learner.checkpoint import CheckpointError
-    from actorlearner.trained import evaluate_trained, load_trained
+    from actorlearner.trained import evaluate_trained, load_trained, record_trained
 
-    if episodes < 1 or num_envs < 1:
-        print(f"need --episodes >= 1 and --envs >= 1, got {episodes} and {num_envs}", file=sys.stderr)
+    if episodes < 1 or num_envs < 1 or video_episodes < 1:
+        print(f"need --episodes, --envs and --video-episodes >= 1, got {episodes}, {num_envs} and {video_episodes}",
+              file=sys.stderr)
         return 2
     try:
         trained = load_trained(checkpoint, env)
     except (CheckpointError, ValueError) as exc:
         print(f"cannot load {checkpoint}: {exc}", file=sys.stderr)
         return 1
-    result = evaluate_trained(trained, episodes, num_envs, seed)
+    videos = []
+    if video:
+        try:
+            result, videos = record_trained(trained, episodes, num_envs, seed, video, video_episodes)
+        except ValueError as exc:
+            print(f"cannot record videos: {exc}", file=sys.stderr)
+            return 1
+    else:
+        result = evaluate_trained(trained, episodes, num_envs, seed)
     summary = {"episodes": result.episodes, "mean_return": result.mean, "std_return": result.std,
                "min_return": result.min, "max_return": result.max}
     if as_json:
-        print(json.dumps(summary))
+        print(json.dumps({**summary, "videos": [str(path) for path in videos]} if video else summary))
         return 0
     print(f"{trained.algorithm} on {trained.env} from {trained.source}")
     for key, value in summary.items():
         print(f"{key:12s} {value:g}")
+    for path in videos:
+        print(f"{'video':12s} {path}")
     return 0
 
 

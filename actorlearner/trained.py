@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+
+import gymnasium as gym
 
 from actorlearner.algorithms import make_config, resolve
 from actorlearner.algorithms.base import Algorithm
 from actorlearner.envs import make_env
 from actorlearner.learner.checkpoint import CheckpointError, read_checkpoint
-from actorlearner.learner.evaluator import EvalResult, evaluate
+from actorlearner.learner.evaluator import EvalResult, episode_shares, evaluate
 
 
 @dataclass(frozen=True)
@@ -57,3 +61,29 @@ def evaluate_trained(trained: TrainedPolicy, episodes: int, num_envs: int, seed:
     policy = trained.policy
     return evaluate(lambda obs: policy.act(obs, 0.0), lambda: make_env(trained.env), episodes, num_envs, seed,
                     getattr(policy, "reset_memory", None))
+
+
+def record_trained(trained: TrainedPolicy, episodes: int, num_envs: int, seed: int,
+                   folder: str | os.PathLike[str], video_episodes: int) -> tuple[EvalResult, list[Path]]:
+    """``evaluate_trained``'s episodes, the first ``video_episodes`` of them (in its order: env 0's,
+    then env 1's, ...) recorded by the envs that play them as MP4s in ``folder``; the result and
+    those paths. Every env is made with render_mode="rgb_array", so the returns are those of
+    ``evaluate_trained``. ValueError, before anything is played, for an env that cannot render it."""
+    folder = Path(folder)
+    shares = episode_shares(episodes, num_envs)
+    starts = itertools.accumulate(shares, initial=0)
+    recorded = [min(share, max(0, video_episodes - start)) for share, start in zip(shares, starts)]
+
+    def recorder(i: int, env: gym.Env) -> gym.Env:
+        if not recorded[i]:
+            return env
+        with warnings.catch_warnings():
+            if i > 0:  # env 0 made the folder, or warned already that it exists
+                warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+            return gym.wrappers.RecordVideo(env, str(folder), episode_trigger=lambda episode: episode < recorded[i],
+                                            name_prefix=f"env-{i}")
+
+    policy = trained.policy
+    result = evaluate(lambda obs: policy.act(obs, 0.0), lambda: make_env(trained.env, render_mode="rgb_array"),
+                      episodes, num_envs, seed, getattr(policy, "reset_memory", None), recorder)
+    return result, [folder / f"env-{i}-episode-{j}.mp4" for i, count in enumerate(recorded) for j in range(count)]

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import imageio_ffmpeg
 import numpy as np
 import pytest
 from PIL import Image
@@ -94,3 +95,46 @@ def test_no_plot_turns_the_curve_off():
     cfg.add_arguments(parser, cfg.RunConfig)
     assert cfg.build(cfg.RunConfig, parser.parse_args(["--no-plot"])).plot is False
     assert cfg.build(cfg.RunConfig, parser.parse_args([])).plot is True
+
+
+def test_eval_video_records_the_first_episodes_it_plays_as_playable_mp4s(checkpointed, tmp_path):
+    run_dir, _ = checkpointed
+    done = eval_json("--checkpoint", str(run_dir), "--episodes", "4", "--envs", "2", "--json",
+                     "--video", str(tmp_path / "videos"), "--video-episodes", "3")
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    videos = result.pop("videos")
+    # The first 3 episodes in the reported order: env 0's two, then env 1's first.
+    assert videos == [str(tmp_path / "videos" / name)
+                      for name in ("env-0-episode-0.mp4", "env-0-episode-1.mp4", "env-1-episode-0.mp4")]
+    expected = evaluate_trained(load_trained(run_dir), 4, 2, 0)  # the same episodes, played without a recorder
+    assert result == {"episodes": 4, "mean_return": expected.mean, "std_return": expected.std,
+                      "min_return": expected.min, "max_return": expected.max}
+    for path, length in zip(videos, expected.lengths[:3]):
+        frames = imageio_ffmpeg.read_frames(path)
+        assert next(frames)["size"] == (600, 400), path  # CartPole's render size
+        images = [np.frombuffer(frame, np.uint8).reshape(400, 600, 3) for frame in frames]
+        assert len(images) == length + 1, path  # the reset frame, then one frame a step
+        assert all(image.var() > 0 for image in images), f"{path} has a blank frame"
+
+
+def test_eval_video_refuses_an_env_that_cannot_render_frames_before_playing(tmp_path):
+    run_dir = tmp_path / "run"
+    Learner(LearnerConfig(env="custom_envs:memory_cue", eval_every=0, checkpoint_dir=str(run_dir))).checkpoint()
+    done = eval_json("--checkpoint", str(run_dir), "--video", str(tmp_path / "videos"))
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "cannot record videos: custom_envs:memory_cue cannot render 'rgb_array': its render modes are none")
+    assert not (tmp_path / "videos").exists()
+
+
+def test_make_env_passes_a_render_mode_on_or_says_why_it_cannot():
+    env = make_env("CartPole-v1", render_mode="rgb_array")
+    env.reset(seed=0)
+    assert env.render().shape == (400, 600, 3)
+    env.close()
+    with pytest.raises(ValueError, match=r"^custom_envs:frozen_lake was made with render_mode=None, not 'rgb_array' "
+                                         r"\(its render modes are 'human', 'ansi', 'rgb_array'\)"):
+        make_env("custom_envs:frozen_lake", render_mode="rgb_array")
+    with pytest.raises(ValueError, match="^grpc://127.0.0.1:1 cannot render 'rgb_array': its render modes are none$"):
+        make_env("grpc://127.0.0.1:1", render_mode="rgb_array")

@@ -51,6 +51,7 @@ def evaluate(
     num_envs: int,
     seed: int,
     reset_memory: Callable[[np.ndarray], None] | None = None,
+    wrap_env: Callable[[int, gym.Env], gym.Env] | None = None,
 ) -> EvalResult:
     """Run ``episodes`` greedy episodes over ``num_envs`` envs and summarize their returns.
 
@@ -60,13 +61,16 @@ def evaluate(
     row i is always env i (a recurrent policy keeps one state per row). ``reset_memory``, when
     given, gets a mask [E] of the envs whose episodes begin, before their first observation is
     acted on. Env ``i`` is reset with ``seed + i`` once, then continues its own RNG. Envs with
-    no share (``num_envs > episodes``) are not created.
+    no share (``num_envs > episodes``) are not created. ``wrap_env``, when given, gets each env
+    ``i`` as it is made, before any is played, and returns the env to play (a video recorder).
     """
     shares = [s for s in episode_shares(episodes, num_envs) if s > 0]
     envs: list[gym.Env] = []
     try:
-        for _ in shares:
+        for i in range(len(shares)):
             envs.append(make_env())  # closed below even if a later one cannot be made
+            if wrap_env is not None:
+                envs[i] = wrap_env(i, envs[i])
         returns: list[list[float]] = [[] for _ in envs]
         lengths: list[list[int]] = [[] for _ in envs]
         obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
