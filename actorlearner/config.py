@@ -26,6 +26,14 @@ from actorlearner.transport import SecurityConfig
 
 ENV_PREFIX = "ACTORLEARNER_"
 
+RUNTIME = {"runtime": True}
+"""Field metadata of an option that may change while training runs (``actorlearner set``)."""
+
+
+def runtime_options(cls: type) -> tuple[str, ...]:
+    """The fields of config dataclass ``cls`` marked `RUNTIME`."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("runtime"))
+
 
 @dataclass
 class LearnerConfig:
@@ -47,23 +55,23 @@ class LearnerConfig:
     """Transitions the prioritized replay buffer holds."""
     batch_size: int = 128
     """Transitions per training update."""
-    alpha: float = 0.6
+    alpha: float = field(default=0.6, metadata=RUNTIME)
     """Priority exponent: 0 samples uniformly, 1 fully proportionally."""
-    beta: float = 0.4
+    beta: float = field(default=0.4, metadata=RUNTIME)
     """Initial importance-sampling exponent, annealed to 1 over beta_steps updates."""
     beta_steps: int = 50_000
     """Updates over which beta anneals to 1."""
     min_replay_size: int = 2_000
     """Transitions stored before training starts."""
-    samples_per_insert: float = 8.0
+    samples_per_insert: float = field(default=8.0, metadata=RUNTIME)
     """Target ratio of sampled to inserted transitions; inserts wait (backpressure) above it."""
     rate_error_buffer: float = 50_000.0
     """Slack around samples_per_insert, in sampled transitions, before either side waits."""
-    publish_every: int = 20
+    publish_every: int = field(default=20, metadata=RUNTIME)
     """Training updates between published policy versions."""
     max_updates: int = 0
     """Stop training after this many updates and keep serving; 0 trains until stopped."""
-    max_policy_lag: int = 0
+    max_policy_lag: int = field(default=0, metadata=RUNTIME)
     """Train only on transitions from at most this many versions ago; 0 disables the bound."""
     actor_batch_size: int = 64
     """Transitions per batch an actor streams."""
@@ -232,8 +240,11 @@ def options(cls: type, prefix: str = "", path: tuple[str, ...] = ()) -> list[Opt
             out += options(kind, sub, path + (f.name,))
             continue
         name = f"{prefix}{f.name}".replace("_", "-")
+        help_text = docs.get(f.name, "")
+        if f.metadata.get("runtime"):
+            help_text += " Changeable while training runs (`actorlearner set`)."
         out.append(Option(path + (f.name,), f"--{name}", ENV_PREFIX + name.replace("-", "_").upper(),
-                          kind, default, docs.get(f.name, "")))
+                          kind, default, help_text))
     return out
 
 
@@ -243,7 +254,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, algorithm: type | 
     parser.add_argument("--config", help="TOML file with settings (flags and env vars override it)")
     defaults = algorithm_defaults(cls, algorithm)
     for opt in all_options(cls, algorithm):
-        default = _show(defaults.get(opt.path, opt.default))
+        default = show_value(defaults.get(opt.path, opt.default))
         parser.add_argument(opt.flag, dest=_dest(opt), default=None, metavar=_metavar(opt.kind),
                             help=f"{opt.help} [default: {default}; env {opt.env_var}]")
         if opt.kind is bool:
@@ -333,7 +344,7 @@ def _build(cls: type, prefix: str, args: argparse.Namespace | None, environ: typ
         if raw is None:
             raw, source = _lookup(table, opt.path, cls), f"{args.config if args else ''}:{'.'.join(opt.path)}"
         if raw is not None:
-            values[opt.path] = _parse(raw, opt.kind, source)
+            values[opt.path] = parse_value(raw, opt.kind, source)
     return _assemble(cls, values, ())
 
 
@@ -367,7 +378,7 @@ def _is_flattened(cls: type, path: tuple[str, ...]) -> bool:
     return bool(f.metadata.get("flatten"))
 
 
-def _parse(raw: Any, kind: Any, source: str) -> Any:
+def parse_value(raw: Any, kind: Any, source: str) -> Any:
     """Convert a flag, env var or TOML value to the field's type; name the source on error."""
     try:
         if typing.get_origin(kind) is tuple:
@@ -398,7 +409,7 @@ def _metavar(kind: Any) -> str:
     return {int: "N", float: "X", bool: "BOOL", str: "TEXT"}.get(kind, "VALUE")
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
     if isinstance(value, tuple):
         return ",".join(map(str, value))
     return repr(value) if isinstance(value, str) else str(value)
@@ -408,5 +419,5 @@ def markdown_table(cls: type, prefix: str = "") -> str:
     """The options of ``cls`` (flags prefixed with ``prefix``) as a Markdown table, for the README."""
     rows = ["| flag | env var | default | meaning |", "|---|---|---|---|"]
     for opt in options(cls, prefix):
-        rows.append(f"| `{opt.flag}` | `{opt.env_var}` | `{_show(opt.default)}` | {opt.help} |")
+        rows.append(f"| `{opt.flag}` | `{opt.env_var}` | `{show_value(opt.default)}` | {opt.help} |")
     return "\n".join(rows)

@@ -14,7 +14,7 @@ import torch
 
 from actorlearner import specs, wire
 from actorlearner.actor.link import LearnerLink, Session, SettingsError, policy_key
-from actorlearner.algorithms import Algorithm, TransitionAssembler, make_config, resolve
+from actorlearner.algorithms import Algorithm, TransitionAssembler, make_config, resolve, retune
 from actorlearner.config import ActorConfig
 from actorlearner.envs import make_vector_env
 from actorlearner.metrics import Metric
@@ -43,7 +43,9 @@ class Actor:
       Flushing rather than dropping keeps every env step in exactly one transition, and no
       batch mixes two sessions' transitions or versions;
     - a changed algorithm or ``algorithm_config`` replaces the network, and the loop acts again only
-      once weights of the new session arrived; an unchanged one keeps network and weights.
+      once weights of the new session arrived; an unchanged one keeps network and weights. A
+      Welcome that changes only runtime-tunable options (``actorlearner set``, on the live stream)
+      keeps network, weights and the assembler's episodes: the algorithm is retuned in place.
     """
 
     def __init__(self, config: ActorConfig):
@@ -157,6 +159,8 @@ class Actor:
         new_network = previous is None or policy_key(settings) != policy_key(previous.settings)
         if new_network:
             self.algorithm, self.policy_version = session.policy, -1
+        elif settings.algorithm_config != previous.settings.algorithm_config:
+            retune(self.algorithm, session.policy.config)
         num_actors = max(settings.num_actors, 1)
         self.exploration = self.algorithm.exploration(settings.actor_index % num_actors, num_actors)
         self.session = session
@@ -254,8 +258,8 @@ class Actor:
 def _reshapes_batches(previous: Session, session: Session) -> bool:
     """Whether data collected under ``previous`` must go out before ``session`` applies: another
     learner (its versions may mean something else) or settings that shape transitions and batches."""
-    shaping = ("batch_size", "codec", "actor_priorities", "algorithm", "algorithm_config")
-    return (session.learner_id != previous.learner_id
+    shaping = ("batch_size", "codec", "actor_priorities")
+    return (session.learner_id != previous.learner_id or policy_key(session.settings) != policy_key(previous.settings)
             or any(getattr(session.settings, name) != getattr(previous.settings, name) for name in shaping))
 
 

@@ -22,7 +22,7 @@ import grpc
 import torch
 
 from actorlearner import wire
-from actorlearner.algorithms import Algorithm
+from actorlearner.algorithms import Algorithm, fixed_config_json
 from actorlearner.transport import SecurityConfig, grpc_options, open_channel
 from actorlearner.v1 import learner_pb2 as pb
 
@@ -68,8 +68,8 @@ class Session:
 
 
 def policy_key(settings: pb.Settings) -> tuple[str, str]:
-    """What decides the network: the algorithm and its config."""
-    return settings.algorithm, settings.algorithm_config
+    """What decides the network: the algorithm and its config but for the runtime-tunable options."""
+    return settings.algorithm, fixed_config_json(settings.algorithm, settings.algorithm_config)
 
 
 class ReceivedPolicy(NamedTuple):
@@ -300,7 +300,8 @@ class LearnerLink:
 
     def _start_session(self, welcome: pb.Welcome) -> None:
         """Make ``welcome`` the session in force: its window applies at once, its network
-        is built here, and a not yet taken policy of the previous session is dropped."""
+        is built here, and a not yet taken policy of the previous session is dropped unless
+        the network stays (a Welcome that changes only runtime-tunable options)."""
         policy, spec = None, None
         if self.build_policy is not None:
             try:
@@ -310,8 +311,9 @@ class LearnerLink:
                                 f"this actor cannot apply: {exc}") from None
             spec = wire.state_dict_spec(policy.policy_state_dict())
         with self._lock:
+            if self.session is None or policy_key(self.session.settings) != policy_key(welcome.settings):
+                self._policy = None
             self.session = Session(welcome, policy, spec)
-            self._policy = None
             self.hello.algorithm = welcome.settings.algorithm
             self.hello.ClearField("batch_fields")
             self.hello.batch_fields.extend(welcome.batch_fields)

@@ -1,6 +1,7 @@
 """RL algorithms behind one small protocol (`Algorithm`), resolved by name in `registry`."""
 
 from actorlearner.algorithms.base import (
+           RUNTIME,
            Algorithm,
            FlatState,
            SampleLike,
@@ -10,10 +11,12 @@ from actorlearner.algorithms.base import (
 from actorlearner.algorithms.registry import (
            AlgorithmError,
            config_json,
+           fixed_config_json,
            make_algorithm,
            make_config,
            resolve,
+           retune,
 )
 
-__all__ = ["Algorithm", "AlgorithmError", "FlatState", "SampleLike", "TransitionAssembler", "TransitionFields",
-           "config_json", "make_algorithm", "make_config", "resolve"]
+__all__ = ["RUNTIME", "Algorithm", "AlgorithmError", "FlatState", "SampleLike", "TransitionAssembler",
+           "TransitionFields", "config_json", "fixed_config_json", "make_algorithm", "make_config", "resolve", "retune"]

@@ -16,6 +16,7 @@ import gymnasium as gym
 import torch
 
 from actorlearner.algorithms.base import Algorithm
+from actorlearner.config import runtime_options
 
 REGISTERED = {
     "dqn": "actorlearner.algorithms.dqn:DQN",
@@ -75,6 +76,28 @@ def make_config(cls: type[Algorithm], values: Any = None) -> Any:
 def config_json(config: Any) -> str:
     """A config dataclass as the JSON object ``Settings.algorithm_config`` carries."""
     return json.dumps(dataclasses.asdict(config), sort_keys=True)
+
+
+def fixed_config_json(algorithm: str, algorithm_config: str) -> str:
+    """``Settings.algorithm_config`` without its runtime-tunable options: what decides the network
+    and the replay items. The JSON as it is when the algorithm does not resolve here."""
+    try:
+        tunable = runtime_options(resolve(algorithm).config_class)
+        values = json.loads(algorithm_config or "{}")
+    except (AlgorithmError, ValueError):
+        return algorithm_config
+    if not isinstance(values, dict):
+        return algorithm_config
+    return json.dumps({name: value for name, value in values.items() if name not in tunable}, sort_keys=True)
+
+
+def retune(algorithm: Algorithm, config: Any) -> None:
+    """Give ``algorithm`` a config that differs from its own only in runtime-tunable options."""
+    hook = getattr(algorithm, "retune", None)
+    if hook is not None:
+        hook(config)
+    else:
+        algorithm.config = config
 
 
 def make_algorithm(name: str, observation_space: gym.Space, action_space: gym.Space, config: Any = None, *,

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
-from actorlearner.algorithms.base import SampleLike
+from actorlearner.algorithms.base import RUNTIME, SampleLike
 from actorlearner.algorithms.continuous import Batch, ContinuousActorCritic, ContinuousConfig
 from actorlearner.networks import ObservationEncoder
 
@@ -28,13 +28,13 @@ class TD3Config(ContinuousConfig):
     """TD3 hyperparameters; the defaults learn Pendulum-v1. Noise scales are fractions of the
     half-range of each action dimension (the unit box)."""
 
-    exploration_noise: float = 0.1
+    exploration_noise: float = field(default=0.1, metadata=RUNTIME)
     """Std of the Gaussian noise actors add to the policy's action."""
-    policy_noise: float = 0.2
+    policy_noise: float = field(default=0.2, metadata=RUNTIME)
     """Std of the target smoothing noise."""
-    noise_clip: float = 0.5
+    noise_clip: float = field(default=0.5, metadata=RUNTIME)
     """Target smoothing noise is clipped to [-noise_clip, noise_clip]."""
-    policy_delay: int = 2
+    policy_delay: int = field(default=2, metadata=RUNTIME)
     """Critic updates per actor (and target) update."""
 
     def __post_init__(self) -> None:

@@ -39,6 +39,11 @@ class PolicyBroadcast:
         with self._lock:
             self.version, self.payload, self._messages = version, payload, messages
             self.serializations += 1
+        self.nudge()
+
+    def nudge(self) -> None:
+        """Wake every listener without a new version (the learner's settings changed)."""
+        with self._lock:
             listeners = list(self._listeners)
         for wake in listeners:
             wake()

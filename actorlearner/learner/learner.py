@@ -8,18 +8,20 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 
 from actorlearner import specs, telemetry, wire
-from actorlearner.algorithms import config_json, make_config, resolve
+from actorlearner.algorithms import config_json, make_config, resolve, retune
 from actorlearner.config import LearnerConfig
 from actorlearner.envs import make_env
 from actorlearner.learner.broadcast import PolicyBroadcast
 from actorlearner.learner.checkpoint import CheckpointStore, load_rng_state, rng_state
 from actorlearner.learner.evaluator import EvalResult, evaluate
+from actorlearner.learner.parameters import Change, ParameterError, current_values, plan
 from actorlearner.metrics import Metric
 from actorlearner.replay import NothingRecentEnough, PrioritizedReplay, RateLimiter
 from actorlearner.v1 import learner_pb2 as pb
@@ -83,6 +85,10 @@ def _describe_fields(fields) -> str:
     return ", ".join(f"{f.name}:{f.dtype}{list(f.shape)}" for f in fields)
 
 
+def _parameters(values: dict[str, str]) -> list[pb.Parameter]:
+    return [pb.Parameter(name=name, value=value) for name, value in values.items()]
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto`` is cuda when there is one; asking for cuda without one falls back to cpu with a warning."""
     if name == "auto":
@@ -113,7 +119,7 @@ class Learner:
         self.env_spec = specs.env_spec(config.env, env.observation_space, env.action_space)
         self.observation_space, self.action_space = env.observation_space, env.action_space
         env.close()
-        algorithm_class = resolve(config.algorithm)
+        algorithm_class = self.algorithm_class = resolve(config.algorithm)
         self.algorithm_config = make_config(algorithm_class, config.algorithm_config)
         self.algorithm = algorithm_class(self.observation_space, self.action_space, self.algorithm_config,
                                          device=self.device, seed=config.seed)
@@ -127,6 +133,10 @@ class Learner:
         self._spec = pb.LearnerSpec(protocol_version=wire.PROTOCOL_VERSION, env_spec=self.env_spec,
                                     algorithm=config.algorithm, algorithm_config=config_json(self.algorithm_config),
                                     batch_fields=self.batch_fields, policy=field_specs(policy))
+        self.settings_version = 0  # raised by each set_parameters: streams send a new Welcome
+        self.changed_parameters: dict[str, str] = {}  # set while running (or restored): name -> value
+        self._tune_lock = threading.Lock()  # one set_parameters at a time
+        self._update_lock = threading.Lock()  # held by each algorithm update: retune waits for it
         self.replay = PrioritizedReplay(config.replay_capacity, self.fields, alpha=config.alpha, beta=config.beta,
                                         beta_steps=config.beta_steps, device=self.device)
         self.limiter = RateLimiter(config.min_replay_size, config.samples_per_insert, config.rate_error_buffer)
@@ -187,7 +197,7 @@ class Learner:
         return None
 
     def spec(self) -> pb.LearnerSpec:
-        """What an actor must send and will receive (the ``GetSpec`` answer), fixed at start."""
+        """What an actor must send and will receive (the ``GetSpec`` answer); runtime parameters change its algorithm_config."""
         return self._spec
 
     def connect(self, hello: pb.Hello) -> ActorStream:
@@ -360,7 +370,8 @@ class Learner:
             except NothingRecentEnough:  # every item is past max_policy_lag: wait for fresh ones
                 self.limiter.refund_sample(c.batch_size)
                 return False
-        priorities, metrics = self.algorithm.update(sample)
+        with self._update_lock:
+            priorities, metrics = self.algorithm.update(sample)
         with self.replay_lock:
             self.replay.update_priorities(sample.indices, priorities)
         self.updates += 1
@@ -403,18 +414,14 @@ class Learner:
         replay as of one instant, then only for a moment per chunk of replay rows written.
         """
         with self.replay_lock:
-            self._gate_closed = True  # let open inserts finish and start no new ones: an instant with none open
-            try:
-                self._inserts_changed.wait_for(lambda: self.replay.pending == 0)
-            finally:
-                self._gate_closed = False
-                self._inserts_changed.notify_all()
+            self._wait_for_open_inserts()
             step = self.updates
             # The limiter's inserts are the replay's plus those of batches admitted but not stored yet
             # (and dropped if the learner stops first): the replay's own count is this instant's.
             learner_state = {"version": self.version, "updates": self.updates, "env_steps": self.env_steps,
                              "seq_table": dict(self._seq_table), "inserts": self.replay.inserted - self.replay.abandoned,
-                             "samples": self.limiter.samples}
+                             "samples": self.limiter.samples, "shift": self.limiter.shift,
+                             "parameters": dict(self.changed_parameters)}
             replay = self.replay.snapshot(self.replay_lock) if self.config.checkpoint_replay else None
         try:
             parts = {"algorithm": self.algorithm.state_dict(), "learner": learner_state, "rng": rng_state(self.device),
@@ -425,6 +432,47 @@ class Learner:
         finally:
             if replay is not None:
                 replay.close()
+
+    def _wait_for_open_inserts(self) -> None:
+        """Under replay_lock: let open inserts finish while starting no new ones, for an instant with none open."""
+        self._gate_closed = True
+        try:
+            self._inserts_changed.wait_for(lambda: self.replay.pending == 0)
+        finally:
+            self._gate_closed = False
+            self._inserts_changed.notify_all()
+
+    def set_parameters(self, request: Sequence[tuple[str, str]], restored: bool = False) -> list[Change]:
+        """Change runtime parameters ((name, value text) pairs) all together, or none: ParameterError says why.
+
+        The replay, rate limiter, trainer and algorithm take the new values at once; actors get
+        them in a new Welcome on their streams. Logged, written to TensorBoard, kept in checkpoints.
+        """
+        with self._tune_lock:
+            change = plan(self.config, self.algorithm_class, self.algorithm_config, request)
+            config = change.learner
+            if config.samples_per_insert != self.config.samples_per_insert:
+                self.limiter.retarget(config.samples_per_insert)
+            if (config.alpha, config.beta) != (self.config.alpha, self.config.beta):
+                with self.replay_lock:
+                    self._wait_for_open_inserts()
+                    self.replay.set_exponents(config.alpha, config.beta)
+            with self._update_lock:
+                retune(self.algorithm, change.algorithm)
+            self.config, self.algorithm_config = config, change.algorithm
+            spec = pb.LearnerSpec()
+            spec.CopyFrom(self._spec)
+            spec.algorithm_config = config_json(change.algorithm)
+            self._spec = spec
+            self.changed_parameters.update({c.name: c.value for c in change.changes})
+            self.settings_version += 1
+        self.broadcast.nudge()
+        summary = ", ".join(f"{c.name} {c.previous} -> {c.value}" for c in change.changes)
+        logger.info("%s runtime parameters after %d updates: %s", "restored" if restored else "set", self.updates,
+                    summary)
+        self.telemetry.text(telemetry.RUNTIME_PARAMETERS, "| parameter | before | after |\n|---|---|---|\n" + "\n".join(
+            f"| {c.name} | {c.previous} | {c.value} |" for c in change.changes), self.updates)
+        return change.changes
 
     def hyperparameters_table(self) -> str:
         """The learner's settings and the algorithm's, as a markdown table (security settings left out)."""
@@ -447,8 +495,13 @@ class Learner:
         if found is None:
             return
         step, parts = found
-        self.algorithm.load_state_dict(parts["algorithm"])
         state = parts["learner"]
+        if state.get("parameters"):  # first: the optimizer state and replay priorities load into the tuned parts
+            try:
+                self.set_parameters([(str(k), str(v)) for k, v in state["parameters"].items()], restored=True)
+            except ParameterError as exc:
+                logger.warning("checkpoint %d: runtime parameters %s not restored: %s", step, state["parameters"], exc)
+        self.algorithm.load_state_dict(parts["algorithm"])
         if "replay" in parts:  # without it the buffer starts empty, and so does the limiter's count
             self.replay.load_state_dict(parts["replay"])
             self.limiter.load_state_dict(state)
@@ -473,7 +526,9 @@ class Learner:
             inserted=self.inserted_batches, insert_rate=self.insert_meter.rate(), sample_rate=self.sample_meter.rate(),
             actors=actors, env_steps=self.env_steps, evaluations=self.evaluations,
             eval_mean_return=self.eval_mean if self.evaluations else 0.0,
-            eval_best_return=self.eval_best if self.evaluations else 0.0, learner_id=self.learner_id)
+            eval_best_return=self.eval_best if self.evaluations else 0.0, learner_id=self.learner_id,
+            parameters=_parameters(current_values(self.config, self.algorithm_class.name, self.algorithm_config)),
+            changed_parameters=_parameters(self.changed_parameters))
 
     def metrics(self) -> list[Metric]:
         """What the learner exposes to Prometheus, read at each scrape."""

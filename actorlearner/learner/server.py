@@ -14,6 +14,7 @@ from google.protobuf.message import DecodeError
 from actorlearner import wire
 from actorlearner.health import Health
 from actorlearner.learner.learner import ActorStream, IngestAborted, Learner
+from actorlearner.learner.parameters import ParameterError
 from actorlearner.transport import add_port, auth_interceptors, grpc_options
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
@@ -35,6 +36,7 @@ class Session:
         self.cond = threading.Condition()
         self.outbox: deque[pb.LearnerMessage] = deque()
         self.sent_version = -1
+        self.settings_version = -1  # the learner's settings_version of the last Welcome sent
         self.closed = False
         self.error: tuple[grpc.StatusCode, str] | None = None
 
@@ -105,6 +107,7 @@ class LearnerService(pb_grpc.LearnerServicer):
                          name=f"read-{session.actor_id}").start()
         try:
             version, messages = self.learner.broadcast.latest()  # one snapshot: Welcome names what follows
+            session.settings_version = self.learner.settings_version
             yield pb.LearnerMessage(welcome=self.learner.welcome(session.stream, version))
             session.sent_version = version
             if first.hello.policy_version != version:  # the actor holds it already otherwise
@@ -123,6 +126,14 @@ class LearnerService(pb_grpc.LearnerServicer):
 
     def GetSpec(self, request, context):
         return self.learner.spec()
+
+    def SetParameters(self, request, context):
+        try:
+            changes = self.learner.set_parameters([(p.name, p.value) for p in request.parameters])
+        except ParameterError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return pb.SetParametersResponse(previous=[pb.Parameter(name=c.name, value=c.previous) for c in changes],
+                                        applied=[pb.Parameter(name=c.name, value=c.value) for c in changes])
 
     def _read(self, request_iterator, session: Session) -> None:
         """Consume the actor's messages until it half-closes, sends a bad one, or the stream ends.
@@ -161,12 +172,15 @@ class LearnerService(pb_grpc.LearnerServicer):
                                                    f"{type(exc).__name__}: {exc}")
 
     def _send(self, session: Session):
-        """Yield acks as they come and the newest policy version whenever one is published."""
-        broadcast, stopping = self.learner.broadcast, self.learner.stopping
+        """Yield acks as they come, the newest policy version whenever one is published, and a new
+        Welcome whenever the learner's settings change."""
+        learner = self.learner
+        broadcast, stopping = learner.broadcast, learner.stopping
         while True:
             with session.cond:
                 while not (session.outbox or session.closed or stopping.is_set()
-                           or broadcast.version > session.sent_version):
+                           or broadcast.version > session.sent_version
+                           or learner.settings_version > session.settings_version):
                     session.cond.wait(0.5)
                 outbox = list(session.outbox)
                 session.outbox.clear()
@@ -178,6 +192,9 @@ class LearnerService(pb_grpc.LearnerServicer):
                 with session.cond:
                     session.cond.wait_for(lambda: session.closed, SHUTDOWN_GRACE_SECONDS)
                 return
+            if learner.settings_version > session.settings_version:
+                session.settings_version = learner.settings_version
+                yield pb.LearnerMessage(welcome=learner.welcome(session.stream, session.sent_version))
             version, messages = broadcast.latest()
             if version > session.sent_version:
                 session.sent_version = version
@@ -214,6 +231,9 @@ def add_learner_service(service: LearnerService, server: grpc.Server) -> None:
         "GetSpec": grpc.unary_unary_rpc_method_handler(
             service.GetSpec, request_deserializer=pb.LearnerSpecRequest.FromString,
             response_serializer=pb.LearnerSpec.SerializeToString),
+        "SetParameters": grpc.unary_unary_rpc_method_handler(
+            service.SetParameters, request_deserializer=pb.SetParametersRequest.FromString,
+            response_serializer=pb.SetParametersResponse.SerializeToString),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
     server.add_registered_method_handlers(name, handlers)

@@ -148,6 +148,23 @@ class PrioritizedReplay:
         frac = min(1.0, self._sample_calls / self.beta_steps)
         return self.beta0 + (1.0 - self.beta0) * frac
 
+    def set_exponents(self, alpha: float, beta: float) -> None:
+        """A new priority exponent and initial IS exponent (the annealing goes on from where it is).
+
+        Stored priorities ``q = (p + eps) ** alpha`` become ``q ** (new / alpha)``, so sampling
+        follows the new exponent at once; after alpha 0 (every q is 1) only priorities written
+        from now on carry it. Empty and reserved slots stay at 0. No reservation may be open.
+        """
+        if alpha < 0 or not 0 <= beta <= 1:
+            raise ValueError(f"need alpha >= 0 and 0 <= beta <= 1; got alpha={alpha}, beta={beta}")
+        if self.pending:
+            raise RuntimeError(f"cannot change alpha while {self.pending} reservations are open")
+        if alpha != self.alpha and self.alpha > 0:
+            leaves = torch.as_tensor(self._tree.state_dict()["leaves"]).cpu()
+            leaves = torch.where(leaves > 0, leaves.pow(alpha / self.alpha), 0.0)
+            self._tree.load_state_dict({"capacity": self.capacity, "leaves": leaves})
+        self.alpha, self.beta0 = alpha, beta
+
     def add(self, batch: Mapping[str, torch.Tensor | np.ndarray], priorities=None,
             policy_version: int | torch.Tensor | np.ndarray = 0) -> torch.Tensor:
         """Store a batch; return its item keys. Without priorities, items get the max seen.

@@ -11,7 +11,7 @@ class RateLimiter:
     """Keeps ``samples / inserts`` near ``samples_per_insert`` once ``min_size_to_sample`` items exist.
 
     Counted in items: inserting a batch of n is n inserts, sampling a batch of B is B
-    samples. With ``diff = inserts * samples_per_insert - samples`` and
+    samples. With ``diff = inserts * samples_per_insert - samples`` (plus the shift :meth:`retarget` keeps) and
     ``offset = min_size_to_sample * samples_per_insert``, inserts wait while
     ``diff > offset + error_buffer`` and samples wait while ``diff < offset - error_buffer``
     or fewer than ``min_size_to_sample`` items were inserted. A call proceeds once a
@@ -28,16 +28,13 @@ class RateLimiter:
     def __init__(self, min_size_to_sample: int = 1, samples_per_insert: float = 1.0, error_buffer: float | None = None):
         if min_size_to_sample < 1:
             raise ValueError(f"min_size_to_sample must be >= 1, got {min_size_to_sample}")
-        if samples_per_insert <= 0:
-            raise ValueError(f"samples_per_insert must be > 0, got {samples_per_insert}")
-        error_buffer = max(1.0, samples_per_insert) if error_buffer is None else error_buffer
-        if error_buffer < max(1.0, samples_per_insert):
-            raise ValueError(f"error_buffer must be >= max(1, samples_per_insert) = "
-                             f"{max(1.0, samples_per_insert)} or inserts and samples can block each other; got {error_buffer}")
+        self.error_buffer = max(1.0, samples_per_insert) if error_buffer is None else error_buffer
+        _check_ratio(samples_per_insert, self.error_buffer)
         self.min_size_to_sample = min_size_to_sample
         self.samples_per_insert = samples_per_insert
         offset = min_size_to_sample * samples_per_insert
-        self.min_diff, self.max_diff = offset - error_buffer, offset + error_buffer
+        self.min_diff, self.max_diff = offset - self.error_buffer, offset + self.error_buffer
+        self.shift = 0.0  # added to diff so that a new samples_per_insert keeps the balance (see retarget)
         self.inserts = 0
         self.samples = 0
         self.waiting = {"inserts": 0, "samples": 0}  # callers blocked right now, per side
@@ -48,7 +45,19 @@ class RateLimiter:
 
     @property
     def diff(self) -> float:
-        return self.inserts * self.samples_per_insert - self.samples
+        return self.inserts * self.samples_per_insert - self.samples + self.shift
+
+    def retarget(self, samples_per_insert: float) -> None:
+        """Aim at a new ratio from now on. The past is not re-counted at it: ``diff`` keeps its
+        distance from the middle of the allowed band, so neither side waits longer than before."""
+        _check_ratio(samples_per_insert, self.error_buffer)
+        with self._lock:
+            before = self.diff - self.min_size_to_sample * self.samples_per_insert
+            self.samples_per_insert = samples_per_insert
+            offset = self.min_size_to_sample * samples_per_insert
+            self.min_diff, self.max_diff = offset - self.error_buffer, offset + self.error_buffer
+            self.shift += offset + before - self.diff
+            self._notify()
 
     def can_insert(self) -> bool:
         """Whether one more item may be inserted now."""
@@ -88,12 +97,13 @@ class RateLimiter:
             self.closed = True
             self._notify()
 
-    def state_dict(self) -> dict[str, int]:
-        return {"inserts": self.inserts, "samples": self.samples}
+    def state_dict(self) -> dict[str, int | float]:
+        return {"inserts": self.inserts, "samples": self.samples, "shift": self.shift}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, int | float]) -> None:
         with self._lock:
             self.inserts, self.samples = int(state["inserts"]), int(state["samples"])
+            self.shift = float(state.get("shift", 0.0))
             self._notify()
 
     def _refund(self, counter: str, n: int) -> None:
@@ -155,3 +165,11 @@ class RateLimiter:
         self._changed.notify_all()
         for loop, event in self._async_waiters:
             loop.call_soon_threadsafe(event.set)
+
+
+def _check_ratio(samples_per_insert: float, error_buffer: float) -> None:
+    if not samples_per_insert > 0:
+        raise ValueError(f"samples_per_insert must be > 0, got {samples_per_insert}")
+    if error_buffer < max(1.0, samples_per_insert):
+        raise ValueError(f"error_buffer must be >= max(1, samples_per_insert) = {max(1.0, samples_per_insert)} "
+                         f"or inserts and samples can block each other; got {error_buffer}")

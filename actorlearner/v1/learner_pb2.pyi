@@ -192,7 +192,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("policy_version", "updates", "buffer_size", "inserted", "insert_rate", "sample_rate", "actors", "env_steps", "evaluations", "eval_mean_return", "eval_best_return", "learner_id")
+    __slots__ = ("policy_version", "updates", "buffer_size", "inserted", "insert_rate", "sample_rate", "actors", "env_steps", "evaluations", "eval_mean_return", "eval_best_return", "learner_id", "parameters", "changed_parameters")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     UPDATES_FIELD_NUMBER: _ClassVar[int]
     BUFFER_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +205,8 @@ class StatusResponse(_message.Message):
     EVAL_MEAN_RETURN_FIELD_NUMBER: _ClassVar[int]
     EVAL_BEST_RETURN_FIELD_NUMBER: _ClassVar[int]
     LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     updates: int
     buffer_size: int
@@ -217,7 +219,31 @@ class StatusResponse(_message.Message):
     eval_mean_return: float
     eval_best_return: float
     learner_id: str
-    def __init__(self, policy_version: _Optional[int] = ..., updates: _Optional[int] = ..., buffer_size: _Optional[int] = ..., inserted: _Optional[int] = ..., insert_rate: _Optional[float] = ..., sample_rate: _Optional[float] = ..., actors: _Optional[_Iterable[_Union[ActorStatus, _Mapping]]] = ..., env_steps: _Optional[int] = ..., evaluations: _Optional[int] = ..., eval_mean_return: _Optional[float] = ..., eval_best_return: _Optional[float] = ..., learner_id: _Optional[str] = ...) -> None: ...
+    parameters: _containers.RepeatedCompositeFieldContainer[Parameter]
+    changed_parameters: _containers.RepeatedCompositeFieldContainer[Parameter]
+    def __init__(self, policy_version: _Optional[int] = ..., updates: _Optional[int] = ..., buffer_size: _Optional[int] = ..., inserted: _Optional[int] = ..., insert_rate: _Optional[float] = ..., sample_rate: _Optional[float] = ..., actors: _Optional[_Iterable[_Union[ActorStatus, _Mapping]]] = ..., env_steps: _Optional[int] = ..., evaluations: _Optional[int] = ..., eval_mean_return: _Optional[float] = ..., eval_best_return: _Optional[float] = ..., learner_id: _Optional[str] = ..., parameters: _Optional[_Iterable[_Union[Parameter, _Mapping]]] = ..., changed_parameters: _Optional[_Iterable[_Union[Parameter, _Mapping]]] = ...) -> None: ...
+
+class Parameter(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: str
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class SetParametersRequest(_message.Message):
+    __slots__ = ("parameters",)
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    parameters: _containers.RepeatedCompositeFieldContainer[Parameter]
+    def __init__(self, parameters: _Optional[_Iterable[_Union[Parameter, _Mapping]]] = ...) -> None: ...
+
+class SetParametersResponse(_message.Message):
+    __slots__ = ("previous", "applied")
+    PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    previous: _containers.RepeatedCompositeFieldContainer[Parameter]
+    applied: _containers.RepeatedCompositeFieldContainer[Parameter]
+    def __init__(self, previous: _Optional[_Iterable[_Union[Parameter, _Mapping]]] = ..., applied: _Optional[_Iterable[_Union[Parameter, _Mapping]]] = ...) -> None: ...
 
 class ActorStatus(_message.Message):
     __slots__ = ("actor_id", "policy_version", "lag", "batches_per_second", "last_seen_unix", "connected", "duplicates", "inserted", "transitions")

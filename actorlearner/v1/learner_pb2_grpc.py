@@ -50,6 +50,11 @@ class LearnerStub:
                 request_serializer=actorlearner_dot_v1_dot_learner__pb2.LearnerSpecRequest.SerializeToString,
                 response_deserializer=actorlearner_dot_v1_dot_learner__pb2.LearnerSpec.FromString,
                 _registered_method=True)
+        self.SetParameters = channel.unary_unary(
+                '/actorlearner.v1.Learner/SetParameters',
+                request_serializer=actorlearner_dot_v1_dot_learner__pb2.SetParametersRequest.SerializeToString,
+                response_deserializer=actorlearner_dot_v1_dot_learner__pb2.SetParametersResponse.FromString,
+                _registered_method=True)
 
 
 class LearnerServicer:
@@ -77,6 +82,15 @@ class LearnerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetParameters(self, request, context):
+        """Change runtime parameters while training runs (`actorlearner set`), all or none:
+        an unknown name or a bad value is INVALID_ARGUMENT with the reason, and nothing
+        changes. Settings that reach actors go out on every live stream as a new Welcome.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LearnerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -94,6 +108,11 @@ def add_LearnerServicer_to_server(servicer, server):
                     servicer.GetSpec,
                     request_deserializer=actorlearner_dot_v1_dot_learner__pb2.LearnerSpecRequest.FromString,
                     response_serializer=actorlearner_dot_v1_dot_learner__pb2.LearnerSpec.SerializeToString,
+            ),
+            'SetParameters': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetParameters,
+                    request_deserializer=actorlearner_dot_v1_dot_learner__pb2.SetParametersRequest.FromString,
+                    response_serializer=actorlearner_dot_v1_dot_learner__pb2.SetParametersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -178,6 +197,33 @@ class Learner:
             '/actorlearner.v1.Learner/GetSpec',
             actorlearner_dot_v1_dot_learner__pb2.LearnerSpecRequest.SerializeToString,
             actorlearner_dot_v1_dot_learner__pb2.LearnerSpec.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetParameters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/actorlearner.v1.Learner/SetParameters',
+            actorlearner_dot_v1_dot_learner__pb2.SetParametersRequest.SerializeToString,
+            actorlearner_dot_v1_dot_learner__pb2.SetParametersResponse.FromString,
             options,
             channel_credentials,
             insecure,
