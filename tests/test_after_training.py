@@ -114,7 +114,9 @@ def test_eval_video_records_the_first_episodes_it_plays_as_playable_mp4s(checkpo
         frames = imageio_ffmpeg.read_frames(path)
         assert next(frames)["size"] == (600, 400), path  # CartPole's render size
         images = [np.frombuffer(frame, np.uint8).reshape(400, 600, 3) for frame in frames]
-        assert len(images) == length + 1, path  # the reset frame, then one frame a step
+        # The recorder keeps the reset frame and one a step; moviepy's writer may drop the last one
+        # (it rounds the clip's duration), as seen for a 472-step episode that decoded to 472 frames.
+        assert length <= len(images) <= length + 1, path
         assert all(image.var() > 0 for image in images), f"{path} has a blank frame"
 
 
