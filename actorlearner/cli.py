@@ -1,4 +1,4 @@
-"""``actorlearner learner|actor|env-server|run|status|eval``: the binaries users run."""
+"""``actorlearner learner|actor|env-server|run|status|eval|export``: the binaries users run."""
 
 from __future__ import annotations
 
@@ -50,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     status.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
     cfg.add_arguments(status, SecurityConfig)
+    exporting = commands.add_parser("export", help="write a checkpoint's greedy policy as an ONNX file and FILE.json")
+    exporting.add_argument("--checkpoint", required=True,
+                           help="a run directory, a checkpoint directory (its newest usable one) or one checkpoint")
+    exporting.add_argument("--out", required=True, help="the ONNX file to write; its sidecar is FILE.json")
+    exporting.add_argument("--env", default="", help="env whose spaces it takes (default: the one it was trained on)")
+    exporting.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     evaluation = commands.add_parser("eval", help="play a checkpoint's policy greedily and report its returns")
     evaluation.add_argument("--checkpoint", required=True,
                             help="a run directory, a checkpoint directory (its newest usable one) or one checkpoint")
@@ -69,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "status":
             return status_command(args.learner, args.json, args.timeout, cfg.build(SecurityConfig, args))
+        if args.command == "export":
+            return export_command(args.checkpoint, args.out, args.env, args.json)
         if args.command == "eval":
             return eval_command(args.checkpoint, args.env, args.episodes, args.envs, args.seed, args.json,
                                 args.video, args.video_episodes)
@@ -347,6 +355,30 @@ def eval_command(checkpoint: str, env: str, episodes: int, num_envs: int, seed: 
         print(f"{key:12s} {value:g}")
     for path in videos:
         print(f"{'video':12s} {path}")
+    return 0
+
+
+def export_command(checkpoint: str, out: str, env: str, as_json: bool) -> int:
+    """Write a checkpoint's greedy policy to ``out`` (ONNX) and ``out.json``; exit 1 if it cannot be
+    loaded or exported."""
+    from actorlearner.export import export_onnx, sidecar_path
+    from actorlearner.learner.checkpoint import CheckpointError
+    from actorlearner.trained import load_trained
+
+    try:
+        trained = load_trained(checkpoint, env)
+        verified = export_onnx(trained, out)["verified"]
+    except (CheckpointError, ValueError) as exc:  # ExportError is a ValueError
+        print(f"cannot export {checkpoint}: {exc}", file=sys.stderr)
+        return 1
+    written = {"onnx": out, "sidecar": str(sidecar_path(out)), "verified": verified}
+    if as_json:
+        print(json.dumps(written))
+        return 0
+    print(f"{trained.algorithm} on {trained.env} from {trained.source}")
+    print(f"wrote {written['onnx']} and {written['sidecar']}")
+    print(f"checked with {verified['runtime']}: it acts as the policy on {verified['envs']} envs x {verified['steps']} "
+          "steps" if verified else "not checked: onnxruntime is not installed")
     return 0
 
 

@@ -59,6 +59,14 @@ class Algorithm(Protocol):
     a flag, env var or TOML value still wins over them. A recurrent algorithm also has
     ``reset_memory(envs)``: the actor and the evaluator call it with a mask [E] of the envs
     whose episodes begin, before it acts on their first observations.
+
+    Optionally, ``export_policy()`` returns the greedy policy (what ``act(obs, 0.0)`` does) as
+    a CPU ``nn.Module`` in eval mode, for ``actorlearner export``: its forward takes the
+    observation leaves as positional tensors in `leaf_spaces` order (env dtypes, batch first)
+    and returns the env actions [B, *shape] in the action space's dtype. A recurrent policy's
+    module also has ``state_sizes`` (state name -> width): its forward takes those states
+    [B, width] after the leaves and returns the new ones after the actions; they are zero at
+    an episode's start.
     """
 
     name: ClassVar[str]

@@ -8,6 +8,7 @@ Actors receive the actor network only; new items go in at the learner's maximum 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -25,6 +26,7 @@ from actorlearner.algorithms.base import (
     cpu_copy,
     load_modules_state,
     modules_state,
+    torch_dtype,
 )
 from actorlearner.algorithms.nstep import NStepAssembler, nstep_fields
 from actorlearner.networks import (
@@ -101,6 +103,25 @@ class Batch:
         self.discount = data["discount"].float()
         self.action = algorithm.to_unit(data["action"].reshape(len(self.reward), -1).float())
         self.weights = torch.as_tensor(sample.weights, device=algorithm.device, dtype=torch.float32)
+
+
+class GreedyBoxPolicy(nn.Module):
+    """What `export_policy` hands out: observation leaves (positional, in leaf order) -> the env actions
+    `act` takes at exploration 0, computed by the algorithm's own `unit_action` and `to_env`."""
+
+    def __init__(self, algorithm: ContinuousActorCritic):
+        super().__init__()
+        # A shallow copy acting through CPU copies of the actor and the bounds; the algorithm is left as it was.
+        self.policy = copy.copy(algorithm)
+        self.policy.actor = self.actor = copy.deepcopy(algorithm.actor).cpu().eval()
+        self.policy.low, self.policy.high = algorithm.low.cpu(), algorithm.high.cpu()
+        self.policy.device = torch.device("cpu")
+        self.keys = tuple(algorithm.observation_leaves)
+        self.action_shape, self.action_dtype = algorithm.action_shape, torch_dtype(algorithm.action_space.dtype)
+
+    def forward(self, *leaves: Tensor) -> Tensor:
+        actions = self.policy.to_env(self.policy.unit_action(dict(zip(self.keys, leaves)), 0.0))
+        return actions.reshape(actions.shape[0], *self.action_shape).to(self.action_dtype)
 
 
 class ContinuousActorCritic:
@@ -214,6 +235,10 @@ class ContinuousActorCritic:
         return ((action - self.low) / (self.high - self.low) * 2 - 1).clamp(-1, 1)
 
     # ------------------------------------------------------------ state
+
+    def export_policy(self) -> nn.Module:
+        """The evaluation policy (exploration 0) as a CPU module in eval mode (see `Algorithm`)."""
+        return GreedyBoxPolicy(self)
 
     def policy_state_dict(self) -> dict[str, Tensor]:
         return {name: cpu_copy(t) for name, t in self.actor.state_dict().items()}

@@ -13,6 +13,7 @@ gamma**k (or 0 after a termination), so n-step returns need nothing special here
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -30,6 +31,7 @@ from actorlearner.algorithms.base import (
     cpu_copy,
     load_modules_state,
     modules_state,
+    torch_dtype,
 )
 from actorlearner.algorithms.nstep import NStepAssembler, nstep_fields
 from actorlearner.networks import (
@@ -133,6 +135,24 @@ class QNetwork(nn.Module):
         return self.head(self.encoder(obs))
 
 
+class GreedyQPolicy(nn.Module):
+    """What `export_policy` hands out: observation leaves (positional, in leaf order) -> greedy env actions."""
+
+    def __init__(self, network: nn.Module, keys: tuple[str, ...], branches: ActionBranches):
+        super().__init__()
+        self.network, self.keys = network, keys
+        self.action_shape, self.action_dtype = branches.shape, torch_dtype(branches.dtype)
+        self.register_buffer("starts", torch.tensor(branches.starts, dtype=torch.long), persistent=False)
+
+    def forward(self, *leaves: Tensor) -> Tensor:
+        return self.actions(self.network(dict(zip(self.keys, leaves))))
+
+    def actions(self, q: Tensor) -> Tensor:
+        """Q values [B, D, N] -> the greedy env actions [B, *shape], as `ActionBranches.from_indices` makes them."""
+        actions = (q.argmax(dim=-1) + self.starts).to(self.action_dtype)
+        return actions.reshape(q.shape[0], *self.action_shape)
+
+
 # ---------------------------------------------------------------- algorithm
 
 
@@ -141,8 +161,11 @@ class ApeXQLearner:
     per-actor Ape-X epsilons, epsilon-greedy over all action branches together, and state.
 
     A subclass sets ``config`` (with ``epsilon_base`` and ``epsilon_alpha``), ``branches``,
-    ``online``, ``target``, ``optimizer``, ``num_updates`` and ``_rng``.
+    ``online``, ``target``, ``optimizer``, ``num_updates``, ``_obs_leaves`` and ``_rng``, and
+    ``greedy_policy`` if its online network needs another export wrapper than `GreedyQPolicy`.
     """
+
+    greedy_policy: ClassVar[type[GreedyQPolicy]] = GreedyQPolicy
 
     def exploration(self, actor_index: int, num_actors: int) -> float:
         """Actor i's Ape-X epsilon."""
@@ -155,6 +178,10 @@ class ApeXQLearner:
         explore = self._rng.random(n) < np.broadcast_to(np.asarray(exploration, dtype=np.float64), (n,))
         random_actions = (self._rng.random(greedy.shape) * np.asarray(self.branches.sizes)).astype(np.int64)
         return self.branches.from_indices(np.where(explore[:, None], random_actions, greedy))
+
+    def export_policy(self) -> nn.Module:
+        """The greedy policy on a CPU copy of the online network, in eval mode (see `Algorithm`)."""
+        return self.greedy_policy(copy.deepcopy(self.online).cpu().eval(), tuple(self._obs_leaves), self.branches)
 
     def policy_state_dict(self) -> dict[str, Tensor]:
         return {name: cpu_copy(t) for name, t in self.online.state_dict().items()}
@@ -281,6 +308,7 @@ __all__ = [
     "ApeXQLearner",
     "DQN",
     "DQNConfig",
+    "GreedyQPolicy",
     "QNetwork",
     "apex_epsilons",
     "double_q_learning",

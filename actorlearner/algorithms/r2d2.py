@@ -25,7 +25,7 @@ from actorlearner.algorithms.base import (
     TransitionFields,
     check_common_config,
 )
-from actorlearner.algorithms.dqn import ApeXQLearner
+from actorlearner.algorithms.dqn import ApeXQLearner, GreedyQPolicy
 from actorlearner.algorithms.sequence import SequenceAssembler, sequence_fields
 from actorlearner.algorithms.sequence_math import n_step_targets, sequence_priorities
 from actorlearner.networks import (
@@ -121,6 +121,21 @@ class RecurrentQNetwork(nn.Module):
         return {name: part.squeeze(0) for name, part in zip(self.state_names, parts)}
 
 
+class GreedyRecurrentQPolicy(GreedyQPolicy):
+    """`GreedyQPolicy` of a `RecurrentQNetwork`, one step: observation leaves, then the states [B, size]
+    named in ``state_sizes`` -> (greedy env actions, the new states)."""
+
+    def __init__(self, network: RecurrentQNetwork, keys: tuple[str, ...], branches: ActionBranches):
+        super().__init__(network, keys, branches)
+        self.state_sizes = {name: network.core.hidden_size for name in network.state_names}
+
+    def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        leaves, states = inputs[:len(self.keys)], inputs[len(self.keys):]
+        obs = {key: leaf.unsqueeze(1) for key, leaf in zip(self.keys, leaves)}
+        q, new = self.network(obs, dict(zip(self.state_sizes, states)))
+        return (self.actions(q[:, 0]), *(new[name] for name in self.state_sizes))
+
+
 class R2D2Memory:
     """Each env's recurrent state on an actor (or the evaluator): what `act` updates and the assembler reads."""
 
@@ -151,6 +166,7 @@ class R2D2(ApeXQLearner):
 
     name: ClassVar[str] = "r2d2"
     config_class: ClassVar[type] = R2D2Config
+    greedy_policy: ClassVar[type[GreedyQPolicy]] = GreedyRecurrentQPolicy
     learner_defaults: ClassVar[Mapping[str, Any]] = {
         "batch_size": 32, "min_replay_size": 200, "samples_per_insert": 2.0, "replay_capacity": 10_000,
         "actor_batch_size": 4, "rate_error_buffer": 2_000.0,
