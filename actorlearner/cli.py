@@ -1,4 +1,4 @@
-"""``actorlearner learner|actor|env-server|run|status|eval|export``: the binaries users run."""
+"""``actorlearner learner|actor|env-server|run|status|set|eval|export``: the binaries users run."""
 
 from __future__ import annotations
 
@@ -50,6 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     status.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
     cfg.add_arguments(status, SecurityConfig)
+    setter = commands.add_parser("set", help="change runtime parameters of a running learner (and its actors)")
+    setter.add_argument("--learner", default="127.0.0.1:50051", help="learner address HOST:PORT")
+    setter.add_argument("parameters", nargs="+", metavar="NAME=VALUE",
+                        help="an option flagged 'Changeable while training runs', without dashes: "
+                             "samples-per-insert=4 dqn-lr=1e-4 dqn-epsilon-base=0.2")
+    setter.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
+    cfg.add_arguments(setter, SecurityConfig)
     exporting = commands.add_parser("export", help="write a checkpoint's greedy policy as an ONNX file and FILE.json")
     exporting.add_argument("--checkpoint", required=True,
                            help="a run directory, a checkpoint directory (its newest usable one) or one checkpoint")
@@ -75,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "status":
             return status_command(args.learner, args.json, args.timeout, cfg.build(SecurityConfig, args))
+        if args.command == "set":
+            return set_command(args.learner, args.parameters, args.timeout, cfg.build(SecurityConfig, args))
         if args.command == "export":
             return export_command(args.checkpoint, args.out, args.env, args.json)
         if args.command == "eval":
@@ -306,17 +315,43 @@ def status_command(address: str, as_json: bool, timeout: float, security: Securi
     summary = {"learner_id": status.learner_id, "policy_version": status.policy_version, "updates": status.updates,
                "buffer_size": status.buffer_size, "inserted": status.inserted, "env_steps": status.env_steps,
                "insert_rate": round(status.insert_rate, 1), "sample_rate": round(status.sample_rate, 1),
-               "eval_mean_return": status.eval_mean_return if status.evaluations else None, "actors": actors}
+               "eval_mean_return": status.eval_mean_return if status.evaluations else None,
+               "parameters": {p.name: p.value for p in status.parameters},
+               "changed_parameters": {p.name: p.value for p in status.changed_parameters}, "actors": actors}
     if as_json:
         print(json.dumps(summary))
         return 0
     for key, value in summary.items():
-        if key != "actors":
+        if key not in ("actors", "parameters", "changed_parameters"):
             print(f"{key:18s} {value}")
+    for name, value in summary["parameters"].items():
+        changed = " (set while running)" if name in summary["changed_parameters"] else ""
+        print(f"{name:18s} {value}{changed}")
     print(f"{'actor':24s} {'version':>8s} {'lag':>5s} {'batches/s':>10s} {'stored':>8s} {'dupes':>6s} connected")
     for a in actors:
         print(f"{a['id']:24s} {a['policy_version']:8d} {a['lag']:5d} {a['batches_per_second']:10.2f} "
               f"{a['inserted']:8d} {a['duplicates']:6d} {a['connected']}")
+    return 0
+
+
+def set_command(address: str, assignments: list[str], timeout: float, security: SecurityConfig) -> int:
+    """SetParameters with NAME=VALUE pairs; prints each change, or the learner's reason and exit 1."""
+    parameters = []
+    for assignment in assignments:
+        name, equals, value = assignment.partition("=")
+        if not equals or not name.strip():
+            print(f"{assignment!r} is not NAME=VALUE", file=sys.stderr)
+            return 2
+        parameters.append(pb.Parameter(name=name.strip(), value=value.strip()))
+    with open_channel(address, security) as channel:
+        try:
+            answer = pb_grpc.LearnerStub(channel).SetParameters(pb.SetParametersRequest(parameters=parameters),
+                                                                timeout=timeout)
+        except grpc.RpcError as exc:
+            print(f"learner at {address} refused: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+    for before, after in zip(answer.previous, answer.applied):
+        print(f"{after.name}: {before.value} -> {after.value}")
     return 0
 
 

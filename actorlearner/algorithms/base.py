@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from actorlearner.config import RUNTIME  # noqa: F401  (algorithm configs mark fields with it)
+
 # Field name -> (per-item shape, dtype). A batch of a field has shape [B, *shape].
 TransitionFields = dict[str, tuple[tuple[int, ...], torch.dtype]]
 # Checkpointable state: flat names -> tensors or plain numbers; storable without pickle.
@@ -67,6 +69,11 @@ class Algorithm(Protocol):
     module also has ``state_sizes`` (state name -> width): its forward takes those states
     [B, width] after the leaves and returns the new ones after the actions; they are zero at
     an episode's start.
+
+    Config fields marked ``metadata=RUNTIME`` may change while training runs (``actorlearner
+    set``): they must not shape the networks or the replay items. The learner and each actor
+    then call the optional ``retune(config)`` with the new config (without it, ``config`` is
+    simply replaced); it applies what the algorithm keeps elsewhere, such as an optimizer's lr.
     """
 
     name: ClassVar[str]
@@ -127,8 +134,10 @@ def cpu_copy(t: Tensor) -> Tensor:
 
 
 def check_common_config(config: Any) -> None:
-    """Range checks for the fields most configs share (n_step, gamma, tau), where present."""
-    n_step, gamma, tau = (getattr(config, name, None) for name in ("n_step", "gamma", "tau"))
+    """Range checks for the fields most configs share (n_step, gamma, tau, lr), where present."""
+    n_step, gamma, tau, lr = (getattr(config, name, None) for name in ("n_step", "gamma", "tau", "lr"))
+    if lr is not None and not 0 < lr < float("inf"):
+        raise ValueError(f"lr must be > 0 and finite, got {lr}")
     if n_step is not None and n_step < 1:
         raise ValueError(f"n_step must be >= 1, got {n_step}")
     if gamma is not None and not 0.0 <= gamma <= 1.0:

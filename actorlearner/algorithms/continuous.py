@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from actorlearner.algorithms.base import (
+    RUNTIME,
     FlatState,
     SampleLike,
     TransitionFields,
@@ -49,17 +50,17 @@ class ContinuousConfig:
     """Widths of the MLP hidden layers of the actor and of each critic."""
     channel_order: str = "auto"
     """Channel axis of image observations: hwc, chw, or auto."""
-    lr: float = 1e-3
+    lr: float = field(default=1e-3, metadata=RUNTIME)
     """Adam learning rate of every network and, in SAC, of the temperature."""
     gamma: float = 0.99
     """Per-step discount; the actors fold it into each transition's `discount`."""
     n_step: int = 1
     """Rewards summed per transition before bootstrapping."""
-    tau: float = 0.005
+    tau: float = field(default=0.005, metadata=RUNTIME)
     """Polyak step of the target networks each time they move."""
     random_steps: int = 0
     """Vector-env steps each actor takes with uniform random actions before following the policy."""
-    priority_eps: float = 1e-6
+    priority_eps: float = field(default=1e-6, metadata=RUNTIME)
     """Added to |TD| so that no item's priority is zero."""
 
     def __post_init__(self) -> None:
@@ -235,6 +236,13 @@ class ContinuousActorCritic:
         return ((action - self.low) / (self.high - self.low) * 2 - 1).clamp(-1, 1)
 
     # ------------------------------------------------------------ state
+
+    def retune(self, config: Any) -> None:
+        """Take a config with other runtime-tunable options; every optimizer's lr follows it."""
+        self.config = config
+        for optimizer in self.optimizers().values():
+            for group in optimizer.param_groups:
+                group["lr"] = config.lr
 
     def export_policy(self) -> nn.Module:
         """The evaluation policy (exploration 0) as a CPU module in eval mode (see `Algorithm`)."""

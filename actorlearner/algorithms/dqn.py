@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from actorlearner.algorithms.base import (
+    RUNTIME,
     FlatState,
     SampleLike,
     TransitionFields,
@@ -55,25 +56,25 @@ class DQNConfig:
     """Split the head into a state value and mean-centred advantages."""
     channel_order: str = "auto"
     """Channel axis of image observations: hwc, chw, or auto (the smaller of the first and last dims)."""
-    lr: float = 5e-4
+    lr: float = field(default=5e-4, metadata=RUNTIME)
     """Adam learning rate."""
     gamma: float = 0.99
     """Per-step discount; the actors fold it into each transition's `discount`."""
     n_step: int = 3
     """Rewards summed per transition before bootstrapping."""
-    target_update_period: int = 250
+    target_update_period: int = field(default=250, metadata=RUNTIME)
     """Updates between target network syncs."""
-    tau: float = 1.0
+    tau: float = field(default=1.0, metadata=RUNTIME)
     """Target sync mix: target <- tau * online + (1 - tau) * target; 1.0 is a hard copy."""
-    max_grad_norm: float = 10.0
+    max_grad_norm: float = field(default=10.0, metadata=RUNTIME)
     """Global gradient norm clip."""
     huber_delta: float = 1.0
     """Where the Huber loss turns from quadratic to linear."""
-    priority_eps: float = 1e-6
+    priority_eps: float = field(default=1e-6, metadata=RUNTIME)
     """Added to |TD| so that no item's priority is zero."""
-    epsilon_base: float = 0.4
+    epsilon_base: float = field(default=0.4, metadata=RUNTIME)
     """Ape-X exploration: actor i of N uses epsilon_base ** (1 + epsilon_alpha * i / (N - 1))."""
-    epsilon_alpha: float = 7.0
+    epsilon_alpha: float = field(default=7.0, metadata=RUNTIME)
     """Ape-X exploration exponent (see epsilon_base)."""
 
     def __post_init__(self) -> None:
@@ -178,6 +179,12 @@ class ApeXQLearner:
         explore = self._rng.random(n) < np.broadcast_to(np.asarray(exploration, dtype=np.float64), (n,))
         random_actions = (self._rng.random(greedy.shape) * np.asarray(self.branches.sizes)).astype(np.int64)
         return self.branches.from_indices(np.where(explore[:, None], random_actions, greedy))
+
+    def retune(self, config: Any) -> None:
+        """Take a config with other runtime-tunable options; the optimizer's lr follows it."""
+        self.config = config
+        for group in self.optimizer.param_groups:
+            group["lr"] = config.lr
 
     def export_policy(self) -> nn.Module:
         """The greedy policy on a CPU copy of the online network, in eval mode (see `Algorithm`)."""

@@ -12,7 +12,7 @@ Q within the sequence under the invertible value rescaling; a sequence's priorit
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from actorlearner.algorithms.base import (
+    RUNTIME,
     SampleLike,
     TransitionFields,
     check_common_config,
@@ -53,7 +54,7 @@ class R2D2Config:
     """Split the head into a state value and mean-centred advantages."""
     channel_order: str = "auto"
     """Channel axis of image observations: hwc, chw, or auto."""
-    lr: float = 1e-3
+    lr: float = field(default=1e-3, metadata=RUNTIME)
     """Adam learning rate."""
     gamma: float = 0.99
     """Per-step discount."""
@@ -65,17 +66,17 @@ class R2D2Config:
     """Steps consecutive sequences of an episode share."""
     burn_in: int = 10
     """Leading steps of a sequence that only warm the recurrent state (none for a sequence that starts its episode)."""
-    target_update_period: int = 400
+    target_update_period: int = field(default=400, metadata=RUNTIME)
     """Updates between target network copies."""
-    priority_eta: float = 0.9
+    priority_eta: float = field(default=0.9, metadata=RUNTIME)
     """Sequence priority: eta * max|TD| + (1 - eta) * mean|TD|."""
-    max_grad_norm: float = 40.0
+    max_grad_norm: float = field(default=40.0, metadata=RUNTIME)
     """Global gradient norm clip."""
-    priority_eps: float = 1e-6
+    priority_eps: float = field(default=1e-6, metadata=RUNTIME)
     """Added to priorities so that no sequence's is zero."""
-    epsilon_base: float = 0.4
+    epsilon_base: float = field(default=0.4, metadata=RUNTIME)
     """Ape-X exploration: actor i of N uses epsilon_base ** (1 + epsilon_alpha * i / (N - 1))."""
-    epsilon_alpha: float = 7.0
+    epsilon_alpha: float = field(default=7.0, metadata=RUNTIME)
     """Ape-X exploration exponent (see epsilon_base)."""
 
     def __post_init__(self) -> None:
