@@ -408,7 +408,7 @@ def test_a_resumed_learner_continues_exactly_where_the_checkpoint_was(tmp_path, 
     torch.manual_seed(12345)  # a fresh process would not share the first learner's generator state
     resumed = Learner(config)
     assert (resumed.version, resumed.updates) == (12 // 5, 12)
-    assert resumed.limiter.state_dict() == {"inserts": 8 * 32, "samples": 12 * 32}
+    assert resumed.limiter.state_dict() == {"inserts": 8 * 32, "samples": 12 * 32, "shift": 0.0}
     assert len(resumed.replay) == 8 * 32 and resumed.broadcast.version == 12 // 5
     got_sample = resumed.replay.sample(32)
     assert torch.equal(got_sample.indices, want_sample.indices)  # same generator state, priorities and beta
@@ -476,7 +476,7 @@ def test_without_the_replay_the_limiter_starts_afresh(tmp_path):
     first.checkpoint()
     resumed = Learner(config)
     assert len(resumed.replay) == 0 and resumed.updates == 1
-    assert resumed.limiter.state_dict() == {"inserts": 0, "samples": 0}  # min_replay_size applies again
+    assert resumed.limiter.state_dict() == {"inserts": 0, "samples": 0, "shift": 0.0}  # min_replay_size applies again
     assert not resumed.limiter.can_sample()
     assert not ingest(resumed, "a", 3)  # acked before the checkpoint: still a duplicate
 
