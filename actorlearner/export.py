@@ -69,18 +69,10 @@ def export_onnx(trained: TrainedPolicy, out: str | os.PathLike[str]) -> dict[str
     finally:
         probe.close()
     module = policy.export_policy()
-    state_sizes = {name: int(size) for name, size in getattr(module, "state_sizes", {}).items()}
+    state_sizes = _state_sizes(module)
     inputs, outputs = _signature(observation_space, action_space, state_sizes)
-
-    example = _feed(observation_space, batch_space(observation_space, 2).sample(),
-                    {name: np.zeros((2, size), np.float32) for name, size in state_sizes.items()})
-    batch = torch.export.Dim(BATCH)
+    program = onnx_program(module, observation_space, action_space)
     out = Path(out)
-    with torch.no_grad(), _quiet():
-        program = torch.onnx.export(
-            module, tuple(torch.as_tensor(value) for value in example.values()), dynamo=True, verbose=False,
-            input_names=list(example), output_names=[output["name"] for output in outputs],
-            dynamic_shapes=(tuple({0: batch} for _ in example),))
     out.parent.mkdir(parents=True, exist_ok=True)
     program.save(out, external_data=False)
     try:
@@ -101,6 +93,36 @@ def export_onnx(trained: TrainedPolicy, out: str | os.PathLike[str]) -> dict[str
     }
     sidecar_path(out).write_text(json.dumps(sidecar, indent=2) + "\n")
     return sidecar
+
+
+def onnx_program(module: torch.nn.Module, observation_space: gym.Space, action_space: gym.Space):
+    """The ONNX program of an ``export_policy`` module, batch dimension dynamic (exporter output silenced).
+
+    Its initializers are named as the module's state dict, so a new version of the same
+    network is ``program.apply_weights(module.state_dict())`` away when `weights_replaceable`.
+    """
+    state_sizes = _state_sizes(module)
+    _, outputs = _signature(observation_space, action_space, state_sizes)
+    example = _feed(observation_space, batch_space(observation_space, 2).sample(),
+                    {name: np.zeros((2, size), np.float32) for name, size in state_sizes.items()})
+    batch = torch.export.Dim(BATCH)
+    with torch.no_grad(), _quiet():
+        program = torch.onnx.export(
+            module, tuple(torch.as_tensor(value) for value in example.values()), dynamo=True, verbose=False,
+            input_names=list(example), output_names=[output["name"] for output in outputs],
+            dynamic_shapes=(tuple({0: batch} for _ in example),))
+    return program
+
+
+def weights_replaceable(program, module: torch.nn.Module) -> bool:
+    """Whether every tensor of ``module``'s state dict is an initializer of ``program`` by name. The
+    exporter folds some into constants (an LSTM's two biases become one): such a graph must be
+    exported again for new weights, since ``apply_weights`` would leave those stale."""
+    return set(module.state_dict()) <= set(program.model.graph.initializers)
+
+
+def _state_sizes(module: torch.nn.Module) -> dict[str, int]:
+    return {name: int(size) for name, size in getattr(module, "state_sizes", {}).items()}
 
 
 def _signature(observation_space: gym.Space, action_space: gym.Space,

@@ -29,7 +29,10 @@ class PolicyBroadcast:
 
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Serialize ``state_dict`` once as ``version`` and wake every listener."""
-        payload = wire.encode_state_dict(state_dict)
+        self.publish_payload(version, wire.encode_state_dict(state_dict))
+
+    def publish_payload(self, version: int, payload: bytes) -> None:
+        """Chunk an already serialized policy (a state dict, or an ONNX model) as ``version`` and wake every listener."""
         chunks = wire.split_chunks(payload, self.chunk_bytes)
         messages = [
             pb.LearnerMessage(policy_update=pb.PolicyUpdate(
@@ -47,6 +50,11 @@ class PolicyBroadcast:
             listeners = list(self._listeners)
         for wake in listeners:
             wake()
+
+    def snapshot(self) -> tuple[int, bytes]:
+        """The newest version and its whole payload."""
+        with self._lock:
+            return self.version, self.payload
 
     def latest(self) -> tuple[int, list[pb.LearnerMessage]]:
         """The newest version and its messages (shared, never mutated)."""

@@ -21,6 +21,8 @@ from actorlearner.envs import make_env
 from actorlearner.learner.broadcast import PolicyBroadcast
 from actorlearner.learner.checkpoint import CheckpointStore, load_rng_state, rng_state
 from actorlearner.learner.evaluator import EvalResult, evaluate
+from actorlearner.learner.onnx_feed import FORMAT as ONNX_FORMAT
+from actorlearner.learner.onnx_feed import OnnxFeed
 from actorlearner.learner.parameters import Change, ParameterError, current_values, plan
 from actorlearner.metrics import Metric
 from actorlearner.replay import NothingRecentEnough, PrioritizedReplay, RateLimiter
@@ -145,6 +147,10 @@ class Learner:
         self._inserts_changed = threading.Condition(self.replay_lock)
         self._gate_closed = False  # a checkpoint waits for open inserts: no new ones start meanwhile
         self.broadcast = PolicyBroadcast(config.chunk_bytes)
+        self.onnx_feed = OnnxFeed(self.broadcast, algorithm_class(
+            self.observation_space, self.action_space, self.algorithm_config, device="cpu", seed=config.seed),
+            self.observation_space, self.action_space, config.chunk_bytes) \
+            if hasattr(self.algorithm, "export_policy") else None
         self.checkpoints = CheckpointStore(config.checkpoint_dir, config.keep_checkpoints) if config.checkpoint_dir else None
         self.telemetry = telemetry.Telemetry(config.logdir or None)
         self.telemetry.text(telemetry.HYPERPARAMETERS, self.hyperparameters_table())
@@ -190,6 +196,12 @@ class Learner:
             return Refusal("FAILED_PRECONDITION", f"the actor holds a policy and batches of algorithm "
                                                   f"{hello.algorithm!r}; this learner runs {self.config.algorithm!r}: "
                                                   "restart the actor to follow it")
+        if hello.policy_format not in ("", "state_dict", ONNX_FORMAT):
+            return Refusal("INVALID_ARGUMENT", f"policy_format {hello.policy_format!r} is not one of state_dict, "
+                                               f"{ONNX_FORMAT}")
+        if hello.policy_format == ONNX_FORMAT and self.onnx_feed is None:
+            return Refusal("FAILED_PRECONDITION", f"algorithm {self.config.algorithm!r} has no export_policy: "
+                                                  "this learner cannot send its policy as ONNX")
         if hello.batch_fields and list(hello.batch_fields) != self.batch_fields:
             return Refusal("FAILED_PRECONDITION", f"the actor holds batches with fields "
                                                   f"{_describe_fields(hello.batch_fields)}; this learner expects "
@@ -466,7 +478,8 @@ class Learner:
             self._spec = spec
             self.changed_parameters.update({c.name: c.value for c in change.changes})
             self.settings_version += 1
-        self.broadcast.nudge()
+        for broadcast in (self.broadcast, *([self.onnx_feed.broadcast] if self.onnx_feed else [])):
+            broadcast.nudge()
         summary = ", ".join(f"{c.name} {c.previous} -> {c.value}" for c in change.changes)
         logger.info("%s runtime parameters after %d updates: %s", "restored" if restored else "set", self.updates,
                     summary)
@@ -583,6 +596,8 @@ class Learner:
         self.limiter.close()
         for thread in self._threads:
             thread.join()
+        if self.onnx_feed is not None:
+            self.onnx_feed.stop()
         with self.replay_lock:
             self._sealed = True
         if self.checkpoints:

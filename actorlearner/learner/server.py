@@ -13,7 +13,9 @@ from google.protobuf.message import DecodeError
 
 from actorlearner import wire
 from actorlearner.health import Health
+from actorlearner.learner.broadcast import PolicyBroadcast
 from actorlearner.learner.learner import ActorStream, IngestAborted, Learner
+from actorlearner.learner.onnx_feed import FORMAT as ONNX_FORMAT
 from actorlearner.learner.parameters import ParameterError
 from actorlearner.transport import add_port, auth_interceptors, grpc_options
 from actorlearner.v1 import learner_pb2 as pb
@@ -28,10 +30,12 @@ a Python actor could miss the Shutdown."""
 
 
 class Session:
-    """One Connect stream: acks waiting to go out, the last version sent, and how it ended."""
+    """One Connect stream: the policy broadcast it follows, acks waiting to go out, the last version
+    sent, and how it ended."""
 
-    def __init__(self, stream: ActorStream):
+    def __init__(self, stream: ActorStream, broadcast: PolicyBroadcast):
         self.stream = stream
+        self.broadcast = broadcast
         self.actor_id = stream.record.actor_id
         self.cond = threading.Condition()
         self.outbox: deque[pb.LearnerMessage] = deque()
@@ -99,14 +103,18 @@ class LearnerService(pb_grpc.LearnerServicer):
         refusal = self.learner.check_hello(first.hello)
         if refusal:
             context.abort(getattr(grpc.StatusCode, refusal.code), refusal.reason)
-        session = Session(self.learner.connect(first.hello))
+        onnx = first.hello.policy_format == ONNX_FORMAT
+        session = Session(self.learner.connect(first.hello),
+                          self.learner.onnx_feed.broadcast if onnx else self.learner.broadcast)
         context.add_callback(session.close)
-        self.learner.broadcast.listen(session.wake)
+        session.broadcast.listen(session.wake)
+        if onnx:
+            self.learner.onnx_feed.subscribe()
         logger.info("actor %s connected (index %d)", session.actor_id, session.stream.record.index)
         threading.Thread(target=self._read, args=(request_iterator, session), daemon=True,
                          name=f"read-{session.actor_id}").start()
         try:
-            version, messages = self.learner.broadcast.latest()  # one snapshot: Welcome names what follows
+            version, messages = session.broadcast.latest()  # one snapshot: Welcome names what follows
             session.settings_version = self.learner.settings_version
             yield pb.LearnerMessage(welcome=self.learner.welcome(session.stream, version))
             session.sent_version = version
@@ -114,7 +122,9 @@ class LearnerService(pb_grpc.LearnerServicer):
                 yield from messages
             yield from self._send(session)
         finally:
-            self.learner.broadcast.unlisten(session.wake)
+            session.broadcast.unlisten(session.wake)
+            if onnx:
+                self.learner.onnx_feed.unsubscribe()
             session.close()
             self.learner.disconnect(session.stream)
             logger.info("actor %s disconnected", session.actor_id)
@@ -175,7 +185,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         """Yield acks as they come, the newest policy version whenever one is published, and a new
         Welcome whenever the learner's settings change."""
         learner = self.learner
-        broadcast, stopping = learner.broadcast, learner.stopping
+        broadcast, stopping = session.broadcast, learner.stopping
         while True:
             with session.cond:
                 while not (session.outbox or session.closed or stopping.is_set()

@@ -68,20 +68,22 @@ class ActorMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., batch: _Optional[_Union[TrajectoryBatch, _Mapping]] = ..., episode_stats: _Optional[_Union[EpisodeStats, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("actor_id", "protocol_version", "env_spec", "algorithm", "batch_fields", "policy_version")
+    __slots__ = ("actor_id", "protocol_version", "env_spec", "algorithm", "batch_fields", "policy_version", "policy_format")
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENV_SPEC_FIELD_NUMBER: _ClassVar[int]
     ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELDS_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FORMAT_FIELD_NUMBER: _ClassVar[int]
     actor_id: str
     protocol_version: int
     env_spec: EnvSpec
     algorithm: str
     batch_fields: _containers.RepeatedCompositeFieldContainer[FieldSpec]
     policy_version: int
-    def __init__(self, actor_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., env_spec: _Optional[_Union[EnvSpec, _Mapping]] = ..., algorithm: _Optional[str] = ..., batch_fields: _Optional[_Iterable[_Union[FieldSpec, _Mapping]]] = ..., policy_version: _Optional[int] = ...) -> None: ...
+    policy_format: str
+    def __init__(self, actor_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., env_spec: _Optional[_Union[EnvSpec, _Mapping]] = ..., algorithm: _Optional[str] = ..., batch_fields: _Optional[_Iterable[_Union[FieldSpec, _Mapping]]] = ..., policy_version: _Optional[int] = ..., policy_format: _Optional[str] = ...) -> None: ...
 
 class TrajectoryBatch(_message.Message):
     __slots__ = ("seq", "policy_version", "num_transitions", "payload", "codec", "priorities")

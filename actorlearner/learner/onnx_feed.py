@@ -1,0 +1,98 @@
+"""The policy as ONNX for actors that ask for it (``Hello.policy_format = "onnx"``).
+
+An actor in C#, C++ or Node then runs the policy with onnxruntime instead of rebuilding the
+network. The feed works only while such a stream is open: on a thread of its own it
+exports the first version it needs (seconds), and each later one by replacing the
+weights of that graph (milliseconds) or, when the exporter folded some weights into
+constants, by exporting again. Versions published meanwhile are skipped, latest wins.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import gymnasium as gym
+
+from actorlearner import wire
+from actorlearner.algorithms import Algorithm
+from actorlearner.export import onnx_program, weights_replaceable
+from actorlearner.learner.broadcast import PolicyBroadcast
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "onnx"
+
+
+class OnnxFeed:
+    """Follows ``source`` (the state-dict broadcast) into its own broadcast of ONNX models.
+
+    ``policy`` is a CPU copy of the algorithm, for this feed alone: each version is loaded into it.
+    """
+
+    def __init__(self, source: PolicyBroadcast, policy: Algorithm, observation_space: gym.Space,
+                 action_space: gym.Space, chunk_bytes: int):
+        self.source = source
+        self.broadcast = PolicyBroadcast(chunk_bytes)
+        self.exports = 0  # whole exports done
+        self._policy = policy
+        self._spaces = observation_space, action_space
+        self._program = None
+        self._replaceable = False
+        self._streams = 0
+        self._stopped = False
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        source.listen(self._wake)
+
+    def subscribe(self) -> None:
+        """An ONNX stream opened: the feed follows the source until the last one closes."""
+        with self._changed:
+            self._streams += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="onnx-feed", daemon=True)
+                self._thread.start()
+            self._changed.notify_all()
+
+    def unsubscribe(self) -> None:
+        with self._changed:
+            self._streams -= 1
+
+    def stop(self) -> None:
+        with self._changed:
+            self._stopped = True
+            self._changed.notify_all()
+        self.source.unlisten(self._wake)
+        if self._thread is not None:
+            self._thread.join()
+
+    def _wake(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._stopped or (
+                    self._streams > 0 and self.source.version > self.broadcast.version))
+                if self._stopped:
+                    return
+            version, payload = self.source.snapshot()
+            try:
+                self.broadcast.publish_payload(version, self._model(payload))
+            except Exception:  # an exporter failure must not stop the learner; the streams get no new version
+                logger.exception("exporting policy version %d as ONNX failed; ONNX actors keep the previous one",
+                                 version)
+                with self._changed:
+                    self._changed.wait_for(lambda: self._stopped or self.source.version > version)
+
+    def _model(self, payload: bytes) -> bytes:
+        """The ONNX model of a serialized state dict."""
+        self._policy.load_policy_state_dict(wire.decode_state_dict(payload))
+        module = self._policy.export_policy()
+        if self._program is None or not self._replaceable:
+            self._program = onnx_program(module, *self._spaces)
+            self._replaceable = weights_replaceable(self._program, module)
+            self.exports += 1
+        else:
+            self._program.apply_weights(module.state_dict())
+        return self._program.model_proto.SerializeToString()
