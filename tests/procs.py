@@ -21,6 +21,19 @@ FAST_LEARNER = ["--env", "CartPole-v1", "--replay-capacity", "20000", "--min-rep
                 "--dqn-hidden-sizes", "32,32"]
 
 
+# The start of a child script that must run without actorlearner: importing it fails there, as on a
+# machine where it is not installed, and the script exits at once if it does not.
+WITHOUT_ACTORLEARNER = """
+import sys
+sys.modules["actorlearner"] = None
+try:
+    import actorlearner
+except ImportError:
+    pass
+else:
+    sys.exit("actorlearner was importable")
+"""
+
 # Children import the tests' own environments and algorithms (custom_envs:..., plugin_algorithm:...).
 CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(os.path.abspath(__file__)),
                                                                       os.environ.get("PYTHONPATH")]))}

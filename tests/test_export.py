@@ -25,20 +25,13 @@ from actorlearner.networks import leaf_arrays
 from actorlearner.specs import space_from_proto
 from actorlearner.trained import load_trained
 from actorlearner.v1 import env_pb2
-from procs import CHILD_ENV
+from procs import CHILD_ENV, WITHOUT_ACTORLEARNER
 
 # Reads the model's sidecar as a user in another language would, steps the model through the observations
 # in DATA (leaf inputs [T, E, ...] and "restart" [T, E]: envs whose episodes begin, their states zeroed) and
 # writes the actions [T, E, ...]; each step also runs the first env alone (a batch of 1) and checks it agrees.
-CHILD = """
-import json, sys
-sys.modules["actorlearner"] = None
-try:
-    import actorlearner
-except ImportError:
-    pass
-else:
-    sys.exit("actorlearner was importable")
+CHILD = WITHOUT_ACTORLEARNER + """
+import json
 import numpy as np
 import onnxruntime
 

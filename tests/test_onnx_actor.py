@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import torch
-from procs import CHILD_ENV, wait_until
+from procs import CHILD_ENV, WITHOUT_ACTORLEARNER, wait_until
 from streams import RawStream, hello
 
 from actorlearner import wire
@@ -19,15 +19,7 @@ from actorlearner.v1 import learner_pb2 as pb
 
 # Runs the model bytes on CartPole observations where ``import actorlearner`` fails, with nothing but what
 # learner.proto says: input "obs" (then any "state/NAME", zeros at an episode's start), output "action".
-CHILD = """
-import sys
-sys.modules["actorlearner"] = None
-try:
-    import actorlearner
-except ImportError:
-    pass
-else:
-    sys.exit("actorlearner was importable")
+CHILD = WITHOUT_ACTORLEARNER + """
 import numpy as np
 import onnxruntime
 
