@@ -113,6 +113,14 @@ class LearnerConfig:
     """Torch intra-op threads (keep small: actors share the cores)."""
     metrics_port: int = 0
     """Prometheus /metrics port, on host; 0 disables it."""
+    world_size: int = 0
+    """Data-parallel learners training one model in lockstep, each with its own actors, replay shard and checkpoint_dir/rank-R; 0 takes WORLD_SIZE, else 1."""
+    rank: int = -1
+    """This learner's rank in [0, world_size); -1 takes RANK, else the -N suffix of HOSTNAME (a StatefulSet pod)."""
+    dist_address: str = ""
+    """HOST:PORT where rank 0 holds the data-parallel rendezvous; empty takes MASTER_ADDR:MASTER_PORT."""
+    dist_timeout: float = 600.0
+    """Seconds a data-parallel rank waits for the others (to join, in each lockstep round) before it fails."""
     algorithm_config: Any = field(default=None, metadata={"option": False})
     """The algorithm's config dataclass, built from its options; None means its defaults."""
     security: SecurityConfig = field(default_factory=SecurityConfig, metadata={"flatten": True})

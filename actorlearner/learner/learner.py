@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 import uuid
@@ -19,7 +20,8 @@ from actorlearner.algorithms import config_json, make_config, resolve, retune
 from actorlearner.config import LearnerConfig
 from actorlearner.envs import make_env
 from actorlearner.learner.broadcast import PolicyBroadcast
-from actorlearner.learner.checkpoint import CheckpointStore, load_rng_state, rng_state
+from actorlearner.learner.checkpoint import CheckpointError, CheckpointStore, load_rng_state, rng_state
+from actorlearner.learner.distributed import DataParallel, resolve_world
 from actorlearner.learner.evaluator import EvalResult, evaluate
 from actorlearner.learner.onnx_feed import FORMAT as ONNX_FORMAT
 from actorlearner.learner.onnx_feed import OnnxFeed
@@ -151,7 +153,11 @@ class Learner:
             self.observation_space, self.action_space, self.algorithm_config, device="cpu", seed=config.seed),
             self.observation_space, self.action_space, config.chunk_bytes) \
             if hasattr(self.algorithm, "export_policy") else None
-        self.checkpoints = CheckpointStore(config.checkpoint_dir, config.keep_checkpoints) if config.checkpoint_dir else None
+        self.world = resolve_world(config.world_size, config.rank, config.dist_address)
+        checkpoint_dir = config.checkpoint_dir
+        if checkpoint_dir and self.world.size > 1:  # each rank its own shard (and the same networks)
+            checkpoint_dir = os.path.join(checkpoint_dir, f"rank-{self.world.rank}")
+        self.checkpoints = CheckpointStore(checkpoint_dir, config.keep_checkpoints) if checkpoint_dir else None
         self.telemetry = telemetry.Telemetry(config.logdir or None)
         self.telemetry.text(telemetry.HYPERPARAMETERS, self.hyperparameters_table())
         self.learner_id = uuid.uuid4().hex[:12]
@@ -176,7 +182,15 @@ class Learner:
         self._last_forget = 0.0
         self._threads: list[threading.Thread] = []
         self._last_checkpoint = time.monotonic()
+        self.data_parallel = DataParallel(self.world, self.device, config.dist_timeout) if self.world.size > 1 else None
+        if self.data_parallel is not None:
+            self.data_parallel.check_same("algorithm, its options, batch_size, publish_every or max_updates", repr(
+                (config.algorithm, config_json(self.algorithm_config), config.batch_size, config.publish_every,
+                 config.max_updates)))
+            self.data_parallel.average_gradients(self.algorithm)
         self._restore()
+        if self.data_parallel is not None:
+            self.data_parallel.broadcast_state(self.algorithm)
         self.publish()
 
     # -- streams ---------------------------------------------------------------------------
@@ -371,17 +385,45 @@ class Learner:
     # -- training --------------------------------------------------------------------------
 
     def train_step(self) -> bool:
-        """One sample -> update -> new priorities; False when the rate limiter says wait."""
+        """One sample -> update -> new priorities; False when the rate limiter says wait (data-parallel:
+        when any rank's does, for every rank updates or none does)."""
+        return self._train_round(True, False)[0]
+
+    def _train_round(self, train: bool, checkpoint_due: bool) -> tuple[bool, bool, bool]:
+        """Sample (if ``train``) and update; returns (updated, stop, checkpoint due).
+
+        Data-parallel, the ranks first agree in one all-reduce: update only if every rank has a
+        sample (else the sample's limiter credit is refunded), stop if any is stopping, checkpoint
+        if any's is due. A sample given back this way still counts towards beta's annealing.
+        """
+        c = self.config
+        sample = self._sample() if train else None
+        ready, stop = sample is not None, self.stopping.is_set()
+        if self.data_parallel is not None:
+            ready, stop, checkpoint_due = self.data_parallel.agree(ready, stop, checkpoint_due)
+        if not ready:
+            if sample is not None:
+                self.limiter.refund_sample(c.batch_size)
+            return False, stop, checkpoint_due
+        self._learn(sample)
+        return True, stop, checkpoint_due
+
+    def _sample(self):
+        """A replay sample once the rate limiter allows it; None when it says wait or nothing is recent enough."""
         c = self.config
         if not self.limiter.acquire_sample(c.batch_size, timeout=0.2):
-            return False
+            return None
         min_version = self.version - c.max_policy_lag if c.max_policy_lag > 0 else None
         with self.replay_lock:
             try:
-                sample = self.replay.sample(c.batch_size, min_policy_version=min_version)
+                return self.replay.sample(c.batch_size, min_policy_version=min_version)
             except NothingRecentEnough:  # every item is past max_policy_lag: wait for fresh ones
                 self.limiter.refund_sample(c.batch_size)
-                return False
+                return None
+
+    def _learn(self, sample) -> None:
+        """One update on ``sample``, its new priorities, and a new version every publish_every updates."""
+        c = self.config
         with self._update_lock:
             priorities, metrics = self.algorithm.update(sample)
         with self.replay_lock:
@@ -393,7 +435,6 @@ class Learner:
             self.publish()
         if self.updates % 100 == 0:
             self.telemetry.scalars({**metrics, **self._rates()}, self.updates)
-        return True
 
     def publish(self) -> None:
         """Broadcast the current policy as ``self.version``."""
@@ -433,7 +474,7 @@ class Learner:
             learner_state = {"version": self.version, "updates": self.updates, "env_steps": self.env_steps,
                              "seq_table": dict(self._seq_table), "inserts": self.replay.inserted - self.replay.abandoned,
                              "samples": self.limiter.samples, "shift": self.limiter.shift,
-                             "parameters": dict(self.changed_parameters)}
+                             "parameters": dict(self.changed_parameters), "world_size": self.world.size}
             replay = self.replay.snapshot(self.replay_lock) if self.config.checkpoint_replay else None
         try:
             parts = {"algorithm": self.algorithm.state_dict(), "learner": learner_state, "rng": rng_state(self.device),
@@ -502,13 +543,16 @@ class Learner:
                 "algorithm_config": config_json(self.algorithm_config), "seed": self.config.seed}
 
     def _restore(self) -> None:
-        if not self.checkpoints:
-            return
-        found = self.checkpoints.load_latest()
+        found = self.checkpoints.load_latest() if self.checkpoints else None
+        if self.data_parallel is not None:
+            found = self._common_checkpoint(found)
         if found is None:
             return
         step, parts = found
         state = parts["learner"]
+        if int(state.get("world_size", 1)) != self.world.size:
+            raise ValueError(f"checkpoint {step} in {self.checkpoints.directory} was written by {state.get('world_size', 1)} "
+                             f"data-parallel learners; resume it with that world_size, not {self.world.size}")
         if state.get("parameters"):  # first: the optimizer state and replay priorities load into the tuned parts
             try:
                 self.set_parameters([(str(k), str(v)) for k, v in state["parameters"].items()], restored=True)
@@ -524,6 +568,24 @@ class Learner:
         if "rng" in parts:
             load_rng_state(parts["rng"], self.device)
         logger.info("restored checkpoint %d: version %d, %d items in replay", step, self.version, len(self.replay))
+
+    def _common_checkpoint(self, found: tuple[int, dict] | None) -> tuple[int, dict] | None:
+        """The checkpoint every rank resumes from: the newest step all of them have (a crash may have cut
+        a save short on some). ValueError when some ranks have checkpoints and others none."""
+        step = found[0] if found else -1
+        low, high = self.data_parallel.extremes(step)
+        if low == high:
+            return found
+        if low < 0:
+            raise ValueError(f"some ranks have checkpoints (up to step {high}) and some none: a data-parallel "
+                             "learner resumes only with every rank's checkpoint_dir/rank-R")
+        logger.warning("rank %d: resuming from checkpoint %d, the newest every rank has, not %d",
+                       self.world.rank, low, step)
+        try:
+            return self.checkpoints.load(self.checkpoints.directory / f"ckpt-{low:012d}")
+        except (CheckpointError, OSError) as exc:
+            raise ValueError(f"rank {self.world.rank}: checkpoint {low}, the newest every rank has, is unusable "
+                             f"here: {exc}") from None
 
     def status(self) -> pb.StatusResponse:
         """A snapshot for GetStatus: the learner and every actor seen within ``actor_ttl``."""
@@ -623,12 +685,18 @@ class Learner:
 
     def _train_until_stopped(self) -> None:
         limit = self.config.max_updates
-        while not self.stopping.is_set():
-            if limit and self.updates >= limit:
+        while True:
+            due = bool(self.checkpoints) and time.monotonic() - self._last_checkpoint >= self.config.checkpoint_every
+            training = not (limit and self.updates >= limit)
+            _, stop, due = self._train_round(training, due)
+            if stop:
+                if not self.stopping.is_set():
+                    logger.info("rank %d: another rank is stopping; this one stops too", self.world.rank)
+                    self.stopping.set()
+                return
+            if not training:
                 self.stopping.wait(0.2)
-            else:
-                self.train_step()
-            if self.checkpoints and time.monotonic() - self._last_checkpoint >= self.config.checkpoint_every:
+            if due:
                 self._last_checkpoint = time.monotonic()
                 try:
                     self.checkpoint()

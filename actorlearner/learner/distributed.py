@@ -1,0 +1,167 @@
+"""Data-parallel learners: the process group, lockstep agreement, gradient averaging, parameter broadcast.
+
+Every rank is a whole learner with its own actors, replay shard, rate limiter and priorities.
+The ranks train in lockstep: before each update they agree (one all-reduce) whether every
+rank has a sample, whether any is stopping and whether a checkpoint is due, so that no rank
+waits in a collective for one that will not join. Each optimizer step of the algorithm first
+averages the gradients over the ranks (a step pre-hook on every ``torch.optim.Optimizer`` the
+algorithm owns), and rank 0's algorithm state is broadcast at start, so that the parameters
+stay identical on every rank after every update. gloo on CPU, NCCL on CUDA.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class World:
+    """This learner's place among the data-parallel learners."""
+
+    size: int
+    rank: int
+    address: str  # HOST:PORT where rank 0 holds the rendezvous; empty for a world of one
+
+
+def _env_int(environ: Mapping[str, str], name: str) -> int | None:
+    if not environ.get(name):
+        return None
+    try:
+        return int(environ[name])
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {environ[name]!r}") from None
+
+
+def resolve_world(world_size: int, rank: int, dist_address: str, environ: Mapping[str, str] | None = None) -> World:
+    """The world from the learner's options, falling back to what torchrun and Kubernetes operators set:
+    WORLD_SIZE, RANK (else the ``-N`` suffix of a StatefulSet pod's HOSTNAME), MASTER_ADDR and MASTER_PORT.
+    ValueError says what is missing or out of range."""
+    environ = os.environ if environ is None else environ
+    size = world_size or _env_int(environ, "WORLD_SIZE") or 1
+    if size < 1:
+        raise ValueError(f"world_size must be >= 1, got {size}")
+    if size == 1:
+        if rank > 0:
+            raise ValueError(f"rank {rank} needs a world_size above it, got world_size 1")
+        return World(1, 0, "")
+    if rank < 0:
+        rank = _env_int(environ, "RANK")
+    if rank is None:
+        match = re.search(r"-(\d+)$", environ.get("HOSTNAME", ""))
+        if match is None:
+            raise ValueError(f"world_size {size} needs this learner's rank: --rank, RANK, or a HOSTNAME ending in -N")
+        rank = int(match.group(1))
+    if not 0 <= rank < size:
+        raise ValueError(f"rank must be in [0, {size}), got {rank}")
+    address = dist_address
+    if not address and environ.get("MASTER_ADDR") and environ.get("MASTER_PORT"):
+        address = f"{environ['MASTER_ADDR']}:{environ['MASTER_PORT']}"
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"world_size {size} needs --dist-address HOST:PORT (or MASTER_ADDR and MASTER_PORT) "
+                         f"of rank 0's rendezvous, got {address!r}")
+    return World(size, rank, address)
+
+
+def find_optimizers(algorithm: Any) -> list[torch.optim.Optimizer]:
+    """The optimizers an algorithm owns: those its optional ``optimizers()`` names and its attributes that are one."""
+    named = list(algorithm.optimizers().values()) if hasattr(algorithm, "optimizers") else []
+    found: dict[int, torch.optim.Optimizer] = {}
+    for value in [*named, *vars(algorithm).values()]:
+        if isinstance(value, torch.optim.Optimizer):
+            found.setdefault(id(value), value)
+    return list(found.values())
+
+
+class DataParallel:
+    """One rank's membership of the process group (joined on construction, waiting for every rank)."""
+
+    def __init__(self, world: World, device: torch.device, timeout: float):
+        self.world = world
+        self.device = device
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        logger.info("rank %d of %d: joining the %s process group at %s", world.rank, world.size, backend,
+                    world.address)
+        dist.init_process_group(backend, init_method=f"tcp://{world.address}", world_size=world.size,
+                                rank=world.rank, timeout=timedelta(seconds=timeout))
+
+    def agree(self, ready: bool, stop: bool, checkpoint: bool) -> tuple[bool, bool, bool]:
+        """(every rank ready, any rank stopping, any rank's checkpoint due), in one all-reduce."""
+        flags = torch.tensor([ready, not stop, not checkpoint], dtype=torch.int32, device=self.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MIN)
+        all_ready, none_stop, none_due = flags.tolist()
+        return bool(all_ready), not none_stop, not none_due
+
+    def extremes(self, value: int) -> tuple[int, int]:
+        """The least and the greatest of ``value`` over the ranks."""
+        both = torch.tensor([value, -value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(both, op=dist.ReduceOp.MIN)
+        return int(both[0]), -int(both[1])
+
+    def check_same(self, what: str, text: str) -> None:
+        """ValueError unless every rank passes the same ``text`` (compared by checksum)."""
+        low, high = self.extremes(zlib.crc32(text.encode()))
+        if low != high:
+            raise ValueError(f"the ranks differ in {what}: every data-parallel learner must run the same")
+
+    def average_gradients(self, algorithm: Any) -> None:
+        """Make every optimizer step of ``algorithm`` first replace each gradient by its mean over the ranks."""
+        optimizers = find_optimizers(algorithm)
+        if not optimizers:
+            raise ValueError(f"algorithm {type(algorithm).__name__} has no torch optimizer (an attribute or "
+                             "optimizers()) whose gradients data-parallel learners could average")
+        for optimizer in optimizers:
+            optimizer.register_step_pre_hook(self._average)
+
+    def _average(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+        """Step pre-hook: one SUM all-reduce per dtype over the flattened gradients, divided by the world size."""
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
+        for grads in by_dtype.values():
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            flat.div_(self.world.size)
+            offset = 0
+            for grad in grads:
+                grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+                offset += grad.numel()
+
+    def broadcast_state(self, algorithm: Any) -> None:
+        """Give every rank rank 0's algorithm state (networks, targets, optimizer slots, counters, generators)."""
+        state = algorithm.state_dict()
+        keys = sorted(state)
+        layout = [(k, tuple(state[k].shape), str(state[k].dtype)) if isinstance(state[k], torch.Tensor)
+                  else (k, type(state[k]).__name__) for k in keys]
+        self.check_same("algorithm state layout", repr(layout))
+        received = {}
+        for key in keys:
+            value = state[key]
+            if isinstance(value, torch.Tensor):
+                tensor = value.to(self.device).contiguous()
+            else:
+                tensor = torch.tensor(value, dtype=torch.float64 if isinstance(value, float) else torch.int64,
+                                      device=self.device)
+            dist.broadcast(tensor, src=0)
+            received[key] = tensor.cpu() if isinstance(value, torch.Tensor) else type(value)(tensor.item())
+        if self.world.rank != 0:
+            algorithm.load_state_dict(received)
+
+    def close(self) -> None:
+        dist.destroy_process_group()

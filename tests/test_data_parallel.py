@@ -1,0 +1,135 @@
+"""Data-parallel learners: real torch.distributed (gloo over loopback) between separate processes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from actorlearner.config import LearnerConfig
+from actorlearner.learner.distributed import World, resolve_world
+from actorlearner.learner.learner import Learner
+from procs import CHILD_ENV, free_port, start_actor, status, stop, wait_until
+
+logger = logging.getLogger(__name__)
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data_parallel_worker.py")
+STEPS = 12  # two target syncs and two published versions (publish_every 5)
+
+
+def run_world(checkpoint_dir, steps: int, tag: str) -> list[dict]:
+    """Both ranks of a world of two as worker processes; what each wrote."""
+    address = f"127.0.0.1:{free_port()}"
+    outs = [str(checkpoint_dir.parent / f"{tag}-rank-{rank}.json") for rank in range(2)]
+    procs = [subprocess.Popen([sys.executable, WORKER, str(rank), "2", address, str(checkpoint_dir), str(steps), out],
+                              env=CHILD_ENV, stderr=subprocess.PIPE, text=True) for rank, out in enumerate(outs)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+    results = []
+    for out in outs:
+        with open(out) as fh:
+            results.append(json.load(fh))
+    return results
+
+
+@pytest.fixture(scope="module")
+def first_world(tmp_path_factory):
+    checkpoint_dir = tmp_path_factory.mktemp("dp") / "checkpoints"
+    return checkpoint_dir, run_world(checkpoint_dir, STEPS, "first")
+
+
+def test_two_ranks_hold_identical_parameters_after_every_step_and_publish_the_same_versions(first_world):
+    _, (rank0, rank1) = first_world
+    assert len(rank0["steps"]) == len(rank1["steps"]) == STEPS
+    for step, (a, b) in enumerate(zip(rank0["steps"], rank1["steps"])):
+        assert a == b, f"ranks differ after step {step + 1}"
+    assert [s["version"] for s in rank0["steps"]] == [(i + 1) // 5 for i in range(STEPS)]
+    assert len({s["algorithm"] for s in rank0["steps"]}) == STEPS  # every step changed the parameters
+    assert rank0["saved"]["replay"] != rank1["saved"]["replay"]  # each trained on its own shard
+    assert rank0["saved"]["seq_table"] == {"rank-0": 4} and rank1["saved"]["seq_table"] == {"rank-1": 4}
+
+
+def test_a_resumed_world_restores_the_parameters_and_each_rank_its_own_shard(first_world):
+    checkpoint_dir, first = first_world
+    assert sorted(os.listdir(checkpoint_dir)) == ["rank-0", "rank-1"]
+    resumed = run_world(checkpoint_dir, 3, "resumed")
+    for before, after in zip(first, resumed):
+        assert after["restored"] == before["saved"]
+        assert after["restored"]["updates"] == STEPS and after["restored"]["size"] == 4 * 32
+    assert resumed[0]["steps"] == resumed[1]["steps"]
+    assert resumed[0]["steps"][-1]["updates"] == STEPS + 3
+
+
+def test_a_checkpoint_of_two_ranks_refuses_a_world_of_one(first_world):
+    checkpoint_dir, _ = first_world
+    with pytest.raises(ValueError, match="written by 2 data-parallel learners"):
+        Learner(LearnerConfig(checkpoint_dir=str(checkpoint_dir / "rank-0"), eval_every=0, device="cpu",
+                              min_replay_size=64, batch_size=32))
+
+
+def test_the_world_comes_from_the_options_else_from_torchrun_and_kubernetes_variables():
+    assert resolve_world(0, -1, "", {}) == World(1, 0, "")
+    assert resolve_world(2, 1, "10.0.0.1:29500", {}) == World(2, 1, "10.0.0.1:29500")
+    torchrun = {"WORLD_SIZE": "4", "RANK": "3", "MASTER_ADDR": "learner-0.learners", "MASTER_PORT": "29500"}
+    assert resolve_world(0, -1, "", torchrun) == World(4, 3, "learner-0.learners:29500")
+    assert resolve_world(0, 2, "", torchrun).rank == 2  # a flag wins
+    pod = {"WORLD_SIZE": "3", "HOSTNAME": "learner-2", "MASTER_ADDR": "learner-0", "MASTER_PORT": "1"}
+    assert resolve_world(0, -1, "", pod).rank == 2
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 2\)"):
+        resolve_world(2, 2, "h:1", {})
+    with pytest.raises(ValueError, match="needs this learner's rank"):
+        resolve_world(2, -1, "h:1", {"HOSTNAME": "learner"})
+    with pytest.raises(ValueError, match="needs --dist-address"):
+        resolve_world(2, 0, "", {})
+    with pytest.raises(ValueError, match="WORLD_SIZE must be an integer"):
+        resolve_world(0, -1, "", {"WORLD_SIZE": "two"})
+
+
+def start_rank(rank: int, address: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "actorlearner", "learner", "--port", "0", "--env", "CartPole-v1",
+                             "--seed", "0", "--world-size", "2", "--rank", str(rank), "--dist-address", address,
+                             "--num-actors", "2", *args], stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
+
+
+def listening_port(proc: subprocess.Popen) -> int:
+    line = proc.stdout.readline()
+    match = re.search(r"listening on [\d.]+:(\d+)", line)
+    assert match, f"learner did not report its port: {line!r}"
+    return int(match.group(1))
+
+
+@pytest.mark.learning
+def test_two_data_parallel_learners_with_two_actors_each_solve_cartpole():
+    """Rank 0 evaluates; each rank's updates per second are logged (compare a single learner's in test_learning)."""
+    budget = 600
+    address = f"127.0.0.1:{free_port()}"
+    learners = [start_rank(0, address, "--eval-every", "10"), start_rank(1, address, "--eval-every", "0")]
+    actors = []
+    try:
+        ports = [listening_port(proc) for proc in learners]
+        actors = [start_actor(port, f"rank{rank}-actor{i}", "--num-envs", "4", "--seed", str(10 * rank + i))
+                  for rank, port in enumerate(ports) for i in range(2)]
+        start = time.monotonic()
+
+        def solved():
+            answer = status(ports[0])
+            return answer if answer.evaluations and answer.eval_mean_return >= 475 else None
+        final = wait_until(solved, budget, "rank 0's evaluation to reach 475", interval=2.0)
+        elapsed = time.monotonic() - start
+        answers = [final, status(ports[1])]
+        rates = [answer.updates / elapsed for answer in answers]
+        logger.warning("data-parallel CartPole solved in %.0f s: updates/s per rank %s, env steps %s, versions %s",
+                       elapsed, [round(r, 1) for r in rates], [a.env_steps for a in answers],
+                       [a.policy_version for a in answers])
+        assert abs(answers[0].updates - answers[1].updates) <= 1  # lockstep (read a moment apart)
+    finally:
+        stop(*actors)
+        codes = stop(*learners)
+    assert codes == [0, 0]
