@@ -1,4 +1,4 @@
-"""``actorlearner learner|actor|env-server|run|status|set|eval|export``: the binaries users run."""
+"""``actorlearner learner|actor|env-server|relay|run|status|set|eval|export``: the binaries users run."""
 
 from __future__ import annotations
 
@@ -196,6 +196,26 @@ def env_server_command(config: cfg.EnvServerConfig) -> int:
     return 0
 
 
+def relay_command(config: cfg.RelayConfig) -> int:
+    """Relay actors to ``config.upstream`` until SIGTERM/SIGINT (exit 0), or exit 2 if the upstream
+    refuses the relay for good. Health is SERVING while the upstream stream is up."""
+    from actorlearner.relay.server import serve
+
+    warn_if_exposed(config.host, config.security)
+    stop = threading.Event()
+    on_signals(stop.set)
+    health = Health()
+    with serve(config, health) as (relay, port):
+        print(f"relay listening on {config.host}:{port}", flush=True)
+        while not stop.wait(1.0) and not relay.failed.is_set():
+            health.set(relay.up)
+        health.set(False)
+    if relay.error is not None:
+        logger.error("%s", relay.error)
+        return 2
+    return 0
+
+
 def run_command(config: cfg.RunConfig) -> int:
     """Learner in this process, actors as child processes; exit 0 if solved, 1 if time ran out."""
     from actorlearner.learner.learner import Learner
@@ -257,6 +277,7 @@ COMMANDS = {
     "actor": (cfg.ActorConfig, actor_command, "run environments and stream transitions to a learner"),
     "env-server": (cfg.EnvServerConfig, env_server_command,
                    "serve an environment over env.proto, one instance per session"),
+    "relay": (cfg.RelayConfig, relay_command, "serve actors as a learner does, over one stream to the learner"),
     "run": (cfg.RunConfig, run_command, "a learner and N actors on loopback until solved or out of time"),
 }
 

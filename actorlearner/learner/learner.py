@@ -49,6 +49,8 @@ class ActorRecord:
     duplicates: int = 0  # batches acked as duplicates, over all streams
     transitions: int = 0  # stored from this actor
     batches: telemetry.RateMeter = field(default_factory=telemetry.RateMeter)  # stored batches; .total counts them
+    via: str = ""  # the relay its newest stream comes through; empty if direct
+    relay: bool = False  # a relay's own stream: it takes no Ape-X index
 
     @property
     def connected(self) -> bool:
@@ -226,14 +228,16 @@ class Learner:
         """What an actor must send and will receive (the ``GetSpec`` answer); runtime parameters change its algorithm_config."""
         return self._spec
 
-    def connect(self, hello: pb.Hello) -> ActorStream:
-        """Open a stream for an actor id (known or new); while connected it holds a distinct Ape-X index."""
+    def connect(self, hello: pb.Hello, via: str = "") -> ActorStream:
+        """Open a stream for an actor id (known or new), directly or through relay ``via``; while
+        connected an actor (not a relay) holds a distinct Ape-X index."""
         self.forget_departed()
         with self._actors_lock:
             record = self._actors.get(hello.actor_id)
             if record is None:
                 record = self._actors[hello.actor_id] = ActorRecord(hello.actor_id)
-            if record.streams == 0:
+            record.via, record.relay = via, hello.relay
+            if record.streams == 0 and not hello.relay:
                 record.index = self._free_index(record.index)
             record.streams += 1
             record.last_seen = time.time()
@@ -594,7 +598,8 @@ class Learner:
             records = list(self._actors.values())
         actors = [pb.ActorStatus(actor_id=r.actor_id, policy_version=r.policy_version, lag=self.version - r.policy_version,
                                  batches_per_second=r.batches.rate(), last_seen_unix=r.last_seen, connected=r.connected,
-                                 duplicates=r.duplicates, inserted=int(r.batches.total), transitions=r.transitions)
+                                 duplicates=r.duplicates, inserted=int(r.batches.total), transitions=r.transitions,
+                                 via=r.via, relay=r.relay)
                   for r in records]
         return pb.StatusResponse(
             policy_version=self.version, updates=self.updates, buffer_size=len(self.replay),

@@ -14,7 +14,7 @@ from google.protobuf.message import DecodeError
 from actorlearner import wire
 from actorlearner.health import Health
 from actorlearner.learner.broadcast import PolicyBroadcast
-from actorlearner.learner.learner import ActorStream, IngestAborted, Learner
+from actorlearner.learner.learner import ActorStream, IngestAborted, Learner, Refusal
 from actorlearner.learner.onnx_feed import FORMAT as ONNX_FORMAT
 from actorlearner.learner.parameters import ParameterError
 from actorlearner.transport import add_port, auth_interceptors, grpc_options
@@ -43,11 +43,19 @@ class Session:
         self.settings_version = -1  # the learner's settings_version of the last Welcome sent
         self.closed = False
         self.error: tuple[grpc.StatusCode, str] | None = None
+        self.relay = stream.record.relay
+        self.children: dict[str, ActorStream] = {}  # a relay's actors, by id; under cond
 
     def push(self, message: pb.LearnerMessage) -> None:
         with self.cond:
             self.outbox.append(message)
             self.cond.notify()
+
+    def sent(self, version: int) -> None:
+        """``version`` goes out next; a relay's status shows it as the version the relay holds."""
+        self.sent_version = version
+        if self.relay:
+            self.stream.record.policy_version = version
 
     def wake(self) -> None:
         with self.cond:
@@ -64,7 +72,10 @@ class Session:
         with self.cond:
             self.closed = True
             self.cond.notify()
+            children = list(self.children.values())
         self.stream.ended.set()
+        for child in children:
+            child.ended.set()
 
 
 class LearnerService(pb_grpc.LearnerServicer):
@@ -117,7 +128,7 @@ class LearnerService(pb_grpc.LearnerServicer):
             version, messages = session.broadcast.latest()  # one snapshot: Welcome names what follows
             session.settings_version = self.learner.settings_version
             yield pb.LearnerMessage(welcome=self.learner.welcome(session.stream, version))
-            session.sent_version = version
+            session.sent(version)
             if first.hello.policy_version != version:  # the actor holds it already otherwise
                 yield from messages
             yield from self._send(session)
@@ -126,6 +137,10 @@ class LearnerService(pb_grpc.LearnerServicer):
             if onnx:
                 self.learner.onnx_feed.unsubscribe()
             session.close()
+            with session.cond:
+                children, session.children = list(session.children.values()), {}
+            for child in children:
+                self.learner.disconnect(child)
             self.learner.disconnect(session.stream)
             logger.info("actor %s disconnected", session.actor_id)
         if session.error:
@@ -156,16 +171,20 @@ class LearnerService(pb_grpc.LearnerServicer):
         try:
             for message in request_iterator:
                 kind = message.WhichOneof("kind")
+                if session.relay and kind in ("hello", "leave"):
+                    self._relayed_arrival(session, message)
+                    continue
+                stream = self._stream_for(session, message.actor_id)
                 if kind == "batch":
-                    inserted = self.learner.ingest(session.stream, message.batch)
-                    session.push(pb.LearnerMessage(ack=pb.Ack(
+                    inserted = self.learner.ingest(stream, message.batch)
+                    session.push(pb.LearnerMessage(actor_id=message.actor_id, ack=pb.Ack(
                         seq=message.batch.seq, accepted=True, reason="" if inserted else "duplicate")))
                 elif kind == "episode_stats":
-                    self.learner.record_episodes(session.stream, message.episode_stats)
+                    self.learner.record_episodes(stream, message.episode_stats)
                 elif kind == "hello":
                     raise wire.WireError("Hello may only be the first message of a stream", "FAILED_PRECONDITION")
                 else:
-                    raise wire.WireError("empty ActorMessage")
+                    raise wire.WireError(f"ActorMessage {kind or 'without a kind'} on an actor's stream")
         except IngestAborted as exc:  # not the actor's doing: a draining learner sends Shutdown next
             logger.info("actor %s: a batch was not stored (%s); the actor resends it", actor_id, exc)
         except wire.WireError as exc:
@@ -180,6 +199,49 @@ class LearnerService(pb_grpc.LearnerServicer):
             logger.exception("actor %s: the learner failed on this stream's message", actor_id)
             session.fail(grpc.StatusCode.INTERNAL, f"the learner failed on this stream's message: "
                                                    f"{type(exc).__name__}: {exc}")
+
+    @staticmethod
+    def _stream_for(session: Session, actor_id: str) -> ActorStream:
+        """The stream a message counts for: on a relay's stream, its actor's (which must have joined)."""
+        if not session.relay:
+            if actor_id:
+                raise wire.WireError("ActorMessage.actor_id is only for a relay's stream")
+            return session.stream
+        with session.cond:
+            stream = session.children.get(actor_id)
+        if stream is None:
+            raise wire.WireError(f"relay {session.actor_id} sent a message for actor {actor_id!r}, "
+                                 "which has not joined through it")
+        return stream
+
+    def _relayed_arrival(self, session: Session, message: pb.ActorMessage) -> None:
+        """On a relay's stream: an actor joins (checked as its own Hello would be: Welcome or
+        Refusal, routed by actor_id) or leaves."""
+        actor_id = message.actor_id
+        with session.cond:
+            previous = session.children.pop(actor_id, None)
+        if previous is not None:
+            self.learner.disconnect(previous)
+        if message.WhichOneof("kind") == "leave":
+            return
+        hello = message.hello
+        refusal = self.learner.check_hello(hello) or (
+            Refusal("INVALID_ARGUMENT", "a relayed Hello must name its actor_id in ActorMessage.actor_id and "
+                                        "must not be a relay's") if hello.actor_id != actor_id or hello.relay else None)
+        if refusal:
+            session.push(pb.LearnerMessage(actor_id=actor_id, refusal=pb.Refusal(code=refusal.code,
+                                                                                 reason=refusal.reason)))
+            return
+        stream = self.learner.connect(hello, via=session.actor_id)
+        with session.cond:
+            joined = not session.closed  # else the session's cleanup is past: it would not disconnect it
+            if joined:
+                session.children[actor_id] = stream
+        if not joined:
+            self.learner.disconnect(stream)
+            return
+        session.push(pb.LearnerMessage(actor_id=actor_id, welcome=self.learner.welcome(stream, session.sent_version)))
+        logger.info("actor %s joined through relay %s (index %d)", actor_id, session.actor_id, stream.record.index)
 
     def _send(self, session: Session):
         """Yield acks as they come, the newest policy version whenever one is published, and a new
@@ -205,9 +267,13 @@ class LearnerService(pb_grpc.LearnerServicer):
             if learner.settings_version > session.settings_version:
                 session.settings_version = learner.settings_version
                 yield pb.LearnerMessage(welcome=learner.welcome(session.stream, session.sent_version))
+                with session.cond:
+                    children = list(session.children.items())
+                for child_id, child in children:
+                    yield pb.LearnerMessage(actor_id=child_id, welcome=learner.welcome(child, session.sent_version))
             version, messages = broadcast.latest()
             if version > session.sent_version:
-                session.sent_version = version
+                session.sent(version)
                 yield from messages
 
 

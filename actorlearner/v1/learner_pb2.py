@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from actorlearner.v1 import env_pb2 as actorlearner_dot_v1_dot_env__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61\x63torlearner/v1/learner.proto\x12\x0f\x61\x63torlearner.v1\x1a\x19\x61\x63torlearner/v1/env.proto\"z\n\x07\x45nvSpec\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12+\n\x0bobservation\x18\x04 \x01(\x0b\x32\x16.actorlearner.v1.Space\x12&\n\x06\x61\x63tion\x18\x05 \x01(\x0b\x32\x16.actorlearner.v1.SpaceJ\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04\"7\n\tFieldSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\x14\n\x12LearnerSpecRequest\"\xde\x01\n\x0bLearnerSpec\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12*\n\x08\x65nv_spec\x18\x02 \x01(\x0b\x32\x18.actorlearner.v1.EnvSpec\x12\x11\n\talgorithm\x18\x03 \x01(\t\x12\x18\n\x10\x61lgorithm_config\x18\x04 \x01(\t\x12\x30\n\x0c\x62\x61tch_fields\x18\x05 \x03(\x0b\x32\x1a.actorlearner.v1.FieldSpec\x12*\n\x06policy\x18\x06 \x03(\x0b\x32\x1a.actorlearner.v1.FieldSpec\"\xaa\x01\n\x0c\x41\x63torMessage\x12\'\n\x05hello\x18\x01 \x01(\x0b\x32\x16.actorlearner.v1.HelloH\x00\x12\x31\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32 .actorlearner.v1.TrajectoryBatchH\x00\x12\x36\n\repisode_stats\x18\x03 \x01(\x0b\x32\x1d.actorlearner.v1.EpisodeStatsH\x00\x42\x06\n\x04kind\"\xd3\x01\n\x05Hello\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\x12*\n\x08\x65nv_spec\x18\x03 \x01(\x0b\x32\x18.actorlearner.v1.EnvSpec\x12\x11\n\talgorithm\x18\x04 \x01(\t\x12\x30\n\x0c\x62\x61tch_fields\x18\x06 \x03(\x0b\x32\x1a.actorlearner.v1.FieldSpec\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x15\n\rpolicy_format\x18\x07 \x01(\t\"\x9b\x01\n\x0fTrajectoryBatch\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x17\n\x0fnum_transitions\x18\x03 \x01(\r\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12%\n\x05\x63odec\x18\x05 \x01(\x0e\x32\x16.actorlearner.v1.Codec\x12\x12\n\npriorities\x18\x06 \x03(\x02\"[\n\x0c\x45pisodeStats\x12\x0f\n\x07returns\x18\x01 \x03(\x02\x12\x0f\n\x07lengths\x18\x02 \x03(\r\x12\x11\n\tenv_steps\x18\x03 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\"\xd1\x01\n\x0eLearnerMessage\x12+\n\x07welcome\x18\x01 \x01(\x0b\x32\x18.actorlearner.v1.WelcomeH\x00\x12\x36\n\rpolicy_update\x18\x02 \x01(\x0b\x32\x1d.actorlearner.v1.PolicyUpdateH\x00\x12#\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x14.actorlearner.v1.AckH\x00\x12-\n\x08shutdown\x18\x04 \x01(\x0b\x32\x19.actorlearner.v1.ShutdownH\x00\x42\x06\n\x04kind\"\xfd\x01\n\x08Settings\x12\x12\n\nbatch_size\x18\x03 \x01(\r\x12\x13\n\x0bmax_unacked\x18\x04 \x01(\r\x12%\n\x05\x63odec\x18\x05 \x01(\x0e\x32\x16.actorlearner.v1.Codec\x12\x18\n\x10\x61\x63tor_priorities\x18\x06 \x01(\x08\x12\x12\n\nnum_actors\x18\t \x01(\r\x12\x13\n\x0b\x61\x63tor_index\x18\n \x01(\r\x12\x19\n\x11max_message_bytes\x18\x0b \x01(\x04\x12\x18\n\x10\x61lgorithm_config\x18\x0c \x01(\t\x12\x11\n\talgorithm\x18\r \x01(\tJ\x04\x08\x01\x10\x02J\x04\x08\x02\x10\x03J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\t\"\x94\x01\n\x07Welcome\x12\x12\n\nlearner_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12+\n\x08settings\x18\x03 \x01(\x0b\x32\x19.actorlearner.v1.Settings\x12\x30\n\x0c\x62\x61tch_fields\x18\x04 \x03(\x0b\x32\x1a.actorlearner.v1.FieldSpec\"o\n\x0cPolicyUpdate\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0b\x63hunk_index\x18\x02 \x01(\r\x12\x13\n\x0b\x63hunk_count\x18\x03 \x01(\r\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\"4\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x1a\n\x08Shutdown\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x0f\n\rStatusRequest\"\x90\x03\n\x0eStatusResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x0f\n\x07updates\x18\x02 \x01(\x04\x12\x13\n\x0b\x62uffer_size\x18\x03 \x01(\x04\x12\x10\n\x08inserted\x18\x04 \x01(\x04\x12\x13\n\x0binsert_rate\x18\x05 \x01(\x01\x12\x13\n\x0bsample_rate\x18\x06 \x01(\x01\x12,\n\x06\x61\x63tors\x18\x07 \x03(\x0b\x32\x1c.actorlearner.v1.ActorStatus\x12\x11\n\tenv_steps\x18\x08 \x01(\x04\x12\x13\n\x0b\x65valuations\x18\t \x01(\r\x12\x18\n\x10\x65val_mean_return\x18\n \x01(\x01\x12\x18\n\x10\x65val_best_return\x18\x0b \x01(\x01\x12\x12\n\nlearner_id\x18\x0c \x01(\t\x12.\n\nparameters\x18\r \x03(\x0b\x32\x1a.actorlearner.v1.Parameter\x12\x36\n\x12\x63hanged_parameters\x18\x0e \x03(\x0b\x32\x1a.actorlearner.v1.Parameter\"(\n\tParameter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"F\n\x14SetParametersRequest\x12.\n\nparameters\x18\x01 \x03(\x0b\x32\x1a.actorlearner.v1.Parameter\"r\n\x15SetParametersResponse\x12,\n\x08previous\x18\x01 \x03(\x0b\x32\x1a.actorlearner.v1.Parameter\x12+\n\x07\x61pplied\x18\x02 \x03(\x0b\x32\x1a.actorlearner.v1.Parameter\"\xc6\x01\n\x0b\x41\x63torStatus\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x0b\n\x03lag\x18\x03 \x01(\x03\x12\x1a\n\x12\x62\x61tches_per_second\x18\x04 \x01(\x01\x12\x16\n\x0elast_seen_unix\x18\x05 \x01(\x01\x12\x11\n\tconnected\x18\x06 \x01(\x08\x12\x12\n\nduplicates\x18\x07 \x01(\x04\x12\x10\n\x08inserted\x18\x08 \x01(\x04\x12\x13\n\x0btransitions\x18\t \x01(\x04*I\n\x05\x43odec\x12\x15\n\x11\x43ODEC_UNSPECIFIED\x10\x00\x12\x11\n\rCODEC_MSGPACK\x10\x01\x12\x16\n\x12\x43ODEC_MSGPACK_ZLIB\x10\x02\x32\xd4\x02\n\x07Learner\x12M\n\x07\x43onnect\x12\x1d.actorlearner.v1.ActorMessage\x1a\x1f.actorlearner.v1.LearnerMessage(\x01\x30\x01\x12L\n\tGetStatus\x12\x1e.actorlearner.v1.StatusRequest\x1a\x1f.actorlearner.v1.StatusResponse\x12L\n\x07GetSpec\x12#.actorlearner.v1.LearnerSpecRequest\x1a\x1c.actorlearner.v1.LearnerSpec\x12^\n\rSetParameters\x12%.actorlearner.v1.SetParametersRequest\x1a&.actorlearner.v1.SetParametersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61\x63torlearner/v1/learner.proto\x12\x0f\x61\x63torlearner.v1\x1a\x19\x61\x63torlearner/v1/env.proto\"z\n\x07\x45nvSpec\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12+\n\x0bobservation\x18\x04 \x01(\x0b\x32\x16.actorlearner.v1.Space\x12&\n\x06\x61\x63tion\x18\x05 \x01(\x0b\x32\x16.actorlearner.v1.SpaceJ\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04\"7\n\tFieldSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\x14\n\x12LearnerSpecRequest\"\xde\x01\n\x0bLearnerSpec\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12*\n\x08\x65nv_spec\x18\x02 \x01(\x0b\x32\x18.actorlearner.v1.EnvSpec\x12\x11\n\talgorithm\x18\x03 \x01(\t\x12\x18\n\x10\x61lgorithm_config\x18\x04 \x01(\t\x12\x30\n\x0c\x62\x61tch_fields\x18\x05 \x03(\x0b\x32\x1a.actorlearner.v1.FieldSpec\x12*\n\x06policy\x18\x06 \x03(\x0b\x32\x1a.actorlearner.v1.FieldSpec\"\xe5\x01\n\x0c\x41\x63torMessage\x12\'\n\x05hello\x18\x01 \x01(\x0b\x32\x16.actorlearner.v1.HelloH\x00\x12\x31\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32 .actorlearner.v1.TrajectoryBatchH\x00\x12\x36\n\repisode_stats\x18\x03 \x01(\x0b\x32\x1d.actorlearner.v1.EpisodeStatsH\x00\x12\'\n\x05leave\x18\x04 \x01(\x0b\x32\x16.actorlearner.v1.LeaveH\x00\x12\x10\n\x08\x61\x63tor_id\x18\n \x01(\tB\x06\n\x04kind\"\x07\n\x05Leave\"\xe2\x01\n\x05Hello\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\x12*\n\x08\x65nv_spec\x18\x03 \x01(\x0b\x32\x18.actorlearner.v1.EnvSpec\x12\x11\n\talgorithm\x18\x04 \x01(\t\x12\x30\n\x0c\x62\x61tch_fields\x18\x06 \x03(\x0b\x32\x1a.actorlearner.v1.FieldSpec\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x03\x12\x15\n\rpolicy_format\x18\x07 \x01(\t\x12\r\n\x05relay\x18\x08 \x01(\x08\"\x9b\x01\n\x0fTrajectoryBatch\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x17\n\x0fnum_transitions\x18\x03 \x01(\r\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12%\n\x05\x63odec\x18\x05 \x01(\x0e\x32\x16.actorlearner.v1.Codec\x12\x12\n\npriorities\x18\x06 \x03(\x02\"[\n\x0c\x45pisodeStats\x12\x0f\n\x07returns\x18\x01 \x03(\x02\x12\x0f\n\x07lengths\x18\x02 \x03(\r\x12\x11\n\tenv_steps\x18\x03 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\"\x90\x02\n\x0eLearnerMessage\x12+\n\x07welcome\x18\x01 \x01(\x0b\x32\x18.actorlearner.v1.WelcomeH\x00\x12\x36\n\rpolicy_update\x18\x02 \x01(\x0b\x32\x1d.actorlearner.v1.PolicyUpdateH\x00\x12#\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x14.actorlearner.v1.AckH\x00\x12-\n\x08shutdown\x18\x04 \x01(\x0b\x32\x19.actorlearner.v1.ShutdownH\x00\x12+\n\x07refusal\x18\x05 \x01(\x0b\x32\x18.actorlearner.v1.RefusalH\x00\x12\x10\n\x08\x61\x63tor_id\x18\n \x01(\tB\x06\n\x04kind\"\'\n\x07Refusal\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xfd\x01\n\x08Settings\x12\x12\n\nbatch_size\x18\x03 \x01(\r\x12\x13\n\x0bmax_unacked\x18\x04 \x01(\r\x12%\n\x05\x63odec\x18\x05 \x01(\x0e\x32\x16.actorlearner.v1.Codec\x12\x18\n\x10\x61\x63tor_priorities\x18\x06 \x01(\x08\x12\x12\n\nnum_actors\x18\t \x01(\r\x12\x13\n\x0b\x61\x63tor_index\x18\n \x01(\r\x12\x19\n\x11max_message_bytes\x18\x0b \x01(\x04\x12\x18\n\x10\x61lgorithm_config\x18\x0c \x01(\t\x12\x11\n\talgorithm\x18\r \x01(\tJ\x04\x08\x01\x10\x02J\x04\x08\x02\x10\x03J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\t\"\x94\x01\n\x07Welcome\x12\x12\n\nlearner_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12+\n\x08settings\x18\x03 \x01(\x0b\x32\x19.actorlearner.v1.Settings\x12\x30\n\x0c\x62\x61tch_fields\x18\x04 \x03(\x0b\x32\x1a.actorlearner.v1.FieldSpec\"o\n\x0cPolicyUpdate\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0b\x63hunk_index\x18\x02 \x01(\r\x12\x13\n\x0b\x63hunk_count\x18\x03 \x01(\r\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\"4\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x1a\n\x08Shutdown\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x0f\n\rStatusRequest\"\x90\x03\n\x0eStatusResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x0f\n\x07updates\x18\x02 \x01(\x04\x12\x13\n\x0b\x62uffer_size\x18\x03 \x01(\x04\x12\x10\n\x08inserted\x18\x04 \x01(\x04\x12\x13\n\x0binsert_rate\x18\x05 \x01(\x01\x12\x13\n\x0bsample_rate\x18\x06 \x01(\x01\x12,\n\x06\x61\x63tors\x18\x07 \x03(\x0b\x32\x1c.actorlearner.v1.ActorStatus\x12\x11\n\tenv_steps\x18\x08 \x01(\x04\x12\x13\n\x0b\x65valuations\x18\t \x01(\r\x12\x18\n\x10\x65val_mean_return\x18\n \x01(\x01\x12\x18\n\x10\x65val_best_return\x18\x0b \x01(\x01\x12\x12\n\nlearner_id\x18\x0c \x01(\t\x12.\n\nparameters\x18\r \x03(\x0b\x32\x1a.actorlearner.v1.Parameter\x12\x36\n\x12\x63hanged_parameters\x18\x0e \x03(\x0b\x32\x1a.actorlearner.v1.Parameter\"(\n\tParameter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"F\n\x14SetParametersRequest\x12.\n\nparameters\x18\x01 \x03(\x0b\x32\x1a.actorlearner.v1.Parameter\"r\n\x15SetParametersResponse\x12,\n\x08previous\x18\x01 \x03(\x0b\x32\x1a.actorlearner.v1.Parameter\x12+\n\x07\x61pplied\x18\x02 \x03(\x0b\x32\x1a.actorlearner.v1.Parameter\"\xe2\x01\n\x0b\x41\x63torStatus\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x0b\n\x03lag\x18\x03 \x01(\x03\x12\x1a\n\x12\x62\x61tches_per_second\x18\x04 \x01(\x01\x12\x16\n\x0elast_seen_unix\x18\x05 \x01(\x01\x12\x11\n\tconnected\x18\x06 \x01(\x08\x12\x12\n\nduplicates\x18\x07 \x01(\x04\x12\x10\n\x08inserted\x18\x08 \x01(\x04\x12\x13\n\x0btransitions\x18\t \x01(\x04\x12\x0b\n\x03via\x18\n \x01(\t\x12\r\n\x05relay\x18\x0b \x01(\x08*I\n\x05\x43odec\x12\x15\n\x11\x43ODEC_UNSPECIFIED\x10\x00\x12\x11\n\rCODEC_MSGPACK\x10\x01\x12\x16\n\x12\x43ODEC_MSGPACK_ZLIB\x10\x02\x32\xd4\x02\n\x07Learner\x12M\n\x07\x43onnect\x12\x1d.actorlearner.v1.ActorMessage\x1a\x1f.actorlearner.v1.LearnerMessage(\x01\x30\x01\x12L\n\tGetStatus\x12\x1e.actorlearner.v1.StatusRequest\x1a\x1f.actorlearner.v1.StatusResponse\x12L\n\x07GetSpec\x12#.actorlearner.v1.LearnerSpecRequest\x1a\x1c.actorlearner.v1.LearnerSpec\x12^\n\rSetParameters\x12%.actorlearner.v1.SetParametersRequest\x1a&.actorlearner.v1.SetParametersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'actorlearner.v1.learner_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CODEC']._serialized_start=2808
-  _globals['_CODEC']._serialized_end=2881
+  _globals['_CODEC']._serialized_start=3023
+  _globals['_CODEC']._serialized_end=3096
   _globals['_ENVSPEC']._serialized_start=77
   _globals['_ENVSPEC']._serialized_end=199
   _globals['_FIELDSPEC']._serialized_start=201
@@ -43,37 +43,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEARNERSPEC']._serialized_start=281
   _globals['_LEARNERSPEC']._serialized_end=503
   _globals['_ACTORMESSAGE']._serialized_start=506
-  _globals['_ACTORMESSAGE']._serialized_end=676
-  _globals['_HELLO']._serialized_start=679
-  _globals['_HELLO']._serialized_end=890
-  _globals['_TRAJECTORYBATCH']._serialized_start=893
-  _globals['_TRAJECTORYBATCH']._serialized_end=1048
-  _globals['_EPISODESTATS']._serialized_start=1050
-  _globals['_EPISODESTATS']._serialized_end=1141
-  _globals['_LEARNERMESSAGE']._serialized_start=1144
-  _globals['_LEARNERMESSAGE']._serialized_end=1353
-  _globals['_SETTINGS']._serialized_start=1356
-  _globals['_SETTINGS']._serialized_end=1609
-  _globals['_WELCOME']._serialized_start=1612
-  _globals['_WELCOME']._serialized_end=1760
-  _globals['_POLICYUPDATE']._serialized_start=1762
-  _globals['_POLICYUPDATE']._serialized_end=1873
-  _globals['_ACK']._serialized_start=1875
-  _globals['_ACK']._serialized_end=1927
-  _globals['_SHUTDOWN']._serialized_start=1929
-  _globals['_SHUTDOWN']._serialized_end=1955
-  _globals['_STATUSREQUEST']._serialized_start=1957
-  _globals['_STATUSREQUEST']._serialized_end=1972
-  _globals['_STATUSRESPONSE']._serialized_start=1975
-  _globals['_STATUSRESPONSE']._serialized_end=2375
-  _globals['_PARAMETER']._serialized_start=2377
-  _globals['_PARAMETER']._serialized_end=2417
-  _globals['_SETPARAMETERSREQUEST']._serialized_start=2419
-  _globals['_SETPARAMETERSREQUEST']._serialized_end=2489
-  _globals['_SETPARAMETERSRESPONSE']._serialized_start=2491
-  _globals['_SETPARAMETERSRESPONSE']._serialized_end=2605
-  _globals['_ACTORSTATUS']._serialized_start=2608
-  _globals['_ACTORSTATUS']._serialized_end=2806
-  _globals['_LEARNER']._serialized_start=2884
-  _globals['_LEARNER']._serialized_end=3224
+  _globals['_ACTORMESSAGE']._serialized_end=735
+  _globals['_LEAVE']._serialized_start=737
+  _globals['_LEAVE']._serialized_end=744
+  _globals['_HELLO']._serialized_start=747
+  _globals['_HELLO']._serialized_end=973
+  _globals['_TRAJECTORYBATCH']._serialized_start=976
+  _globals['_TRAJECTORYBATCH']._serialized_end=1131
+  _globals['_EPISODESTATS']._serialized_start=1133
+  _globals['_EPISODESTATS']._serialized_end=1224
+  _globals['_LEARNERMESSAGE']._serialized_start=1227
+  _globals['_LEARNERMESSAGE']._serialized_end=1499
+  _globals['_REFUSAL']._serialized_start=1501
+  _globals['_REFUSAL']._serialized_end=1540
+  _globals['_SETTINGS']._serialized_start=1543
+  _globals['_SETTINGS']._serialized_end=1796
+  _globals['_WELCOME']._serialized_start=1799
+  _globals['_WELCOME']._serialized_end=1947
+  _globals['_POLICYUPDATE']._serialized_start=1949
+  _globals['_POLICYUPDATE']._serialized_end=2060
+  _globals['_ACK']._serialized_start=2062
+  _globals['_ACK']._serialized_end=2114
+  _globals['_SHUTDOWN']._serialized_start=2116
+  _globals['_SHUTDOWN']._serialized_end=2142
+  _globals['_STATUSREQUEST']._serialized_start=2144
+  _globals['_STATUSREQUEST']._serialized_end=2159
+  _globals['_STATUSRESPONSE']._serialized_start=2162
+  _globals['_STATUSRESPONSE']._serialized_end=2562
+  _globals['_PARAMETER']._serialized_start=2564
+  _globals['_PARAMETER']._serialized_end=2604
+  _globals['_SETPARAMETERSREQUEST']._serialized_start=2606
+  _globals['_SETPARAMETERSREQUEST']._serialized_end=2676
+  _globals['_SETPARAMETERSRESPONSE']._serialized_start=2678
+  _globals['_SETPARAMETERSRESPONSE']._serialized_end=2792
+  _globals['_ACTORSTATUS']._serialized_start=2795
+  _globals['_ACTORSTATUS']._serialized_end=3021
+  _globals['_LEARNER']._serialized_start=3099
+  _globals['_LEARNER']._serialized_end=3439
 # @@protoc_insertion_point(module_scope)

@@ -58,17 +58,25 @@ class LearnerSpec(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., env_spec: _Optional[_Union[EnvSpec, _Mapping]] = ..., algorithm: _Optional[str] = ..., algorithm_config: _Optional[str] = ..., batch_fields: _Optional[_Iterable[_Union[FieldSpec, _Mapping]]] = ..., policy: _Optional[_Iterable[_Union[FieldSpec, _Mapping]]] = ...) -> None: ...
 
 class ActorMessage(_message.Message):
-    __slots__ = ("hello", "batch", "episode_stats")
+    __slots__ = ("hello", "batch", "episode_stats", "leave", "actor_id")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     EPISODE_STATS_FIELD_NUMBER: _ClassVar[int]
+    LEAVE_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     batch: TrajectoryBatch
     episode_stats: EpisodeStats
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., batch: _Optional[_Union[TrajectoryBatch, _Mapping]] = ..., episode_stats: _Optional[_Union[EpisodeStats, _Mapping]] = ...) -> None: ...
+    leave: Leave
+    actor_id: str
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., batch: _Optional[_Union[TrajectoryBatch, _Mapping]] = ..., episode_stats: _Optional[_Union[EpisodeStats, _Mapping]] = ..., leave: _Optional[_Union[Leave, _Mapping]] = ..., actor_id: _Optional[str] = ...) -> None: ...
+
+class Leave(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("actor_id", "protocol_version", "env_spec", "algorithm", "batch_fields", "policy_version", "policy_format")
+    __slots__ = ("actor_id", "protocol_version", "env_spec", "algorithm", "batch_fields", "policy_version", "policy_format", "relay")
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENV_SPEC_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +84,7 @@ class Hello(_message.Message):
     BATCH_FIELDS_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     POLICY_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
     actor_id: str
     protocol_version: int
     env_spec: EnvSpec
@@ -83,7 +92,8 @@ class Hello(_message.Message):
     batch_fields: _containers.RepeatedCompositeFieldContainer[FieldSpec]
     policy_version: int
     policy_format: str
-    def __init__(self, actor_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., env_spec: _Optional[_Union[EnvSpec, _Mapping]] = ..., algorithm: _Optional[str] = ..., batch_fields: _Optional[_Iterable[_Union[FieldSpec, _Mapping]]] = ..., policy_version: _Optional[int] = ..., policy_format: _Optional[str] = ...) -> None: ...
+    relay: bool
+    def __init__(self, actor_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., env_spec: _Optional[_Union[EnvSpec, _Mapping]] = ..., algorithm: _Optional[str] = ..., batch_fields: _Optional[_Iterable[_Union[FieldSpec, _Mapping]]] = ..., policy_version: _Optional[int] = ..., policy_format: _Optional[str] = ..., relay: _Optional[bool] = ...) -> None: ...
 
 class TrajectoryBatch(_message.Message):
     __slots__ = ("seq", "policy_version", "num_transitions", "payload", "codec", "priorities")
@@ -114,16 +124,28 @@ class EpisodeStats(_message.Message):
     def __init__(self, returns: _Optional[_Iterable[float]] = ..., lengths: _Optional[_Iterable[int]] = ..., env_steps: _Optional[int] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class LearnerMessage(_message.Message):
-    __slots__ = ("welcome", "policy_update", "ack", "shutdown")
+    __slots__ = ("welcome", "policy_update", "ack", "shutdown", "refusal", "actor_id")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     POLICY_UPDATE_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     policy_update: PolicyUpdate
     ack: Ack
     shutdown: Shutdown
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., policy_update: _Optional[_Union[PolicyUpdate, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ...) -> None: ...
+    refusal: Refusal
+    actor_id: str
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., policy_update: _Optional[_Union[PolicyUpdate, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., refusal: _Optional[_Union[Refusal, _Mapping]] = ..., actor_id: _Optional[str] = ...) -> None: ...
+
+class Refusal(_message.Message):
+    __slots__ = ("code", "reason")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    reason: str
+    def __init__(self, code: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Settings(_message.Message):
     __slots__ = ("batch_size", "max_unacked", "codec", "actor_priorities", "num_actors", "actor_index", "max_message_bytes", "algorithm_config", "algorithm")
@@ -248,7 +270,7 @@ class SetParametersResponse(_message.Message):
     def __init__(self, previous: _Optional[_Iterable[_Union[Parameter, _Mapping]]] = ..., applied: _Optional[_Iterable[_Union[Parameter, _Mapping]]] = ...) -> None: ...
 
 class ActorStatus(_message.Message):
-    __slots__ = ("actor_id", "policy_version", "lag", "batches_per_second", "last_seen_unix", "connected", "duplicates", "inserted", "transitions")
+    __slots__ = ("actor_id", "policy_version", "lag", "batches_per_second", "last_seen_unix", "connected", "duplicates", "inserted", "transitions", "via", "relay")
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     LAG_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +280,8 @@ class ActorStatus(_message.Message):
     DUPLICATES_FIELD_NUMBER: _ClassVar[int]
     INSERTED_FIELD_NUMBER: _ClassVar[int]
     TRANSITIONS_FIELD_NUMBER: _ClassVar[int]
+    VIA_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
     actor_id: str
     policy_version: int
     lag: int
@@ -267,4 +291,6 @@ class ActorStatus(_message.Message):
     duplicates: int
     inserted: int
     transitions: int
-    def __init__(self, actor_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., lag: _Optional[int] = ..., batches_per_second: _Optional[float] = ..., last_seen_unix: _Optional[float] = ..., connected: _Optional[bool] = ..., duplicates: _Optional[int] = ..., inserted: _Optional[int] = ..., transitions: _Optional[int] = ...) -> None: ...
+    via: str
+    relay: bool
+    def __init__(self, actor_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., lag: _Optional[int] = ..., batches_per_second: _Optional[float] = ..., last_seen_unix: _Optional[float] = ..., connected: _Optional[bool] = ..., duplicates: _Optional[int] = ..., inserted: _Optional[int] = ..., transitions: _Optional[int] = ..., via: _Optional[str] = ..., relay: _Optional[bool] = ...) -> None: ...

@@ -1,0 +1,355 @@
+"""The relay's state: its one upstream stream, the routes from actor ids to downstream streams, its policy copy.
+
+Upstream, the relay is one ``Connect`` stream whose Hello sets ``relay``; every actor that
+connects to the relay joins on it (its Hello forwarded with ``ActorMessage.actor_id``), and
+its batches and stats go up tagged the same way. What comes down with an ``actor_id`` (the
+actor's Welcome, Acks, a Refusal) is routed to the downstream stream the actor joined on;
+what comes without one is the relay's own: its Welcome, and policy versions, which it keeps
+as one serialized copy that all its streams send. When the upstream stream ends, every
+downstream stream ends with UNAVAILABLE: the actors reconnect and resend their windows, so
+nothing acked is lost and the learner's duplicate filter keeps anything from being stored twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import random
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import grpc
+
+from actorlearner import wire
+from actorlearner.actor.link import FATAL_CODES
+from actorlearner.config import RelayConfig
+from actorlearner.learner.broadcast import PolicyBroadcast
+from actorlearner.telemetry import RateMeter
+from actorlearner.transport import grpc_options, open_channel
+from actorlearner.v1 import learner_pb2 as pb
+from actorlearner.v1 import learner_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+
+class RelayError(RuntimeError):
+    """The upstream refused this relay for good (credentials, protocol...)."""
+
+
+class Downstream:
+    """One stream into the relay: an actor's, or a downstream relay's (the actors it carries are routed to it)."""
+
+    def __init__(self, hello: pb.Hello):
+        self.hello = hello
+        self.actor_id = hello.actor_id
+        self.relay = hello.relay
+        self.cond = threading.Condition()
+        self.outbox: deque[pb.LearnerMessage] = deque()
+        self.welcomed = False  # a Welcome went out: policy versions follow it
+        self.sent_version = -1
+        self.in_flight = 0  # batches forwarded upstream and not acked yet
+        self.closed = False
+        self.error: tuple[grpc.StatusCode, str] | None = None
+
+    def push(self, message: pb.LearnerMessage) -> None:
+        with self.cond:
+            self.outbox.append(message)
+            self.cond.notify_all()
+
+    def wake(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    def fail(self, code: grpc.StatusCode, reason: str) -> None:
+        with self.cond:
+            self.error = self.error or (code, reason)
+        self.close()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+
+@dataclass
+class Route:
+    """An actor behind the relay: the stream it joined on and what its status shows."""
+
+    session: Downstream
+    via: str  # the downstream relay it comes through; empty if it is connected here itself
+    policy_version: int
+    last_seen: float = field(default_factory=time.time)
+    duplicates: int = 0
+    transitions: int = 0
+    batches: RateMeter = field(default_factory=RateMeter)  # batches the learner stored
+    sizes: dict[int, int] = field(default_factory=dict)  # seq -> transitions, until acked
+
+
+class Relay:
+    """Keeps the upstream stream alive and routes between it and the downstream streams.
+
+    Start with :meth:`start`, stop with :meth:`close`. ``failed`` is set (``error`` says why)
+    when the upstream refuses the relay for good.
+    """
+
+    def __init__(self, config: RelayConfig):
+        self.config = config
+        self.relay_id = config.relay_id or f"{socket.gethostname()}-relay-{os.getpid()}"
+        self.broadcast = PolicyBroadcast(config.chunk_bytes)
+        self.lock = threading.Lock()  # routes, sessions and the upstream's state
+        self.routes: dict[str, Route] = {}
+        self.sessions: set[Downstream] = set()
+        self.up = False  # welcomed upstream and holding its policy: actors may join
+        self.welcome: pb.Welcome | None = None  # the upstream's Welcome to this relay
+        self.spec: pb.LearnerSpec | None = None
+        self.error: RelayError | None = None
+        self.failed = threading.Event()
+        self._requests: queue.Queue | None = None
+        self._awaited_version: int | None = None  # welcomed; up once this version is held
+        self._closing = threading.Event()
+        self._call = None
+        self._thread = threading.Thread(target=self._run, name="relay-upstream", daemon=True)
+
+    def start(self) -> Relay:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._closing.set()
+        if self._call is not None:
+            self._call.cancel()
+        self._thread.join(timeout=5)
+        self._down("the relay is shutting down")
+
+    @property
+    def max_unacked(self) -> int:
+        return max(1, self.welcome.settings.max_unacked) if self.welcome else 1
+
+    # -- downstream ------------------------------------------------------------------------
+
+    def join(self, session: Downstream) -> bool:
+        """Register a new downstream stream (an actor joins upstream); False while the upstream is down."""
+        with self.lock:
+            if not self.up:
+                return False
+            self.sessions.add(session)
+            if session.relay:
+                welcome = pb.Welcome()
+                welcome.CopyFrom(self.welcome)
+                session.push(pb.LearnerMessage(welcome=welcome))
+            else:
+                self._join(session, session.actor_id, session.hello)
+        self.broadcast.listen(session.wake)
+        return True
+
+    def leave(self, session: Downstream) -> None:
+        """A downstream stream ended: its actors leave upstream."""
+        self.broadcast.unlisten(session.wake)
+        with self.lock:
+            self.sessions.discard(session)
+            for actor_id, route in list(self.routes.items()):
+                if route.session is session:
+                    self._leave(actor_id)
+
+    def forward(self, session: Downstream, message: pb.ActorMessage) -> None:
+        """Pass a downstream message up (WireError for one its stream may not send).
+
+        Waits while the stream has as many batches in flight as its actors' windows allow:
+        gRPC flow control then holds the actor, as a busy learner would.
+        """
+        kind = message.WhichOneof("kind")
+        if not session.relay:
+            if message.actor_id:
+                raise wire.WireError("ActorMessage.actor_id is only for a relay's stream")
+            if kind == "hello":
+                raise wire.WireError("Hello may only be the first message of a stream", "FAILED_PRECONDITION")
+            if kind == "leave":
+                raise wire.WireError("Leave is only for a relay's stream")
+            message.actor_id = session.actor_id
+        elif kind in ("hello", "leave"):
+            with self.lock:
+                route = self.routes.get(message.actor_id)
+                if kind == "hello" and session in self.sessions:
+                    self._join(session, message.actor_id, message.hello)
+                elif kind == "leave" and route is not None and route.session is session:
+                    self._leave(message.actor_id)
+            return
+        if kind not in ("batch", "episode_stats"):
+            raise wire.WireError("empty ActorMessage")
+        if kind == "batch":
+            limit = self.max_unacked * (self.config.max_streams if session.relay else 1)
+            with session.cond:
+                while session.in_flight >= limit and not session.closed:
+                    session.cond.wait(0.5)
+                session.in_flight += 1
+        with self.lock:
+            route = self.routes.get(message.actor_id)
+            dropped = route is None or route.session is not session or self._requests is None
+            if not dropped:
+                route.last_seen = time.time()
+                if kind == "batch":
+                    route.sizes[message.batch.seq] = message.batch.num_transitions
+                    version = message.batch.policy_version
+                else:
+                    version = message.episode_stats.policy_version
+                route.policy_version = max(route.policy_version, min(version, self.broadcast.version))
+                self._requests.put(message)
+        if dropped and kind == "batch":  # the actor left or moved, or the upstream is down: it resends
+            with session.cond:
+                session.in_flight -= 1
+
+    def _join(self, session: Downstream, actor_id: str, hello: pb.Hello) -> None:
+        """Under lock: route ``actor_id`` to ``session`` and forward its Hello (a direct actor's
+        earlier stream here, if any, is ended: its acks now go to the new one)."""
+        previous = self.routes.get(actor_id)
+        if previous is not None and previous.session is not session and not previous.session.relay:
+            previous.session.fail(grpc.StatusCode.UNAVAILABLE, f"actor {actor_id} connected to this relay again")
+        self.routes[actor_id] = Route(session, session.actor_id if session.relay else "", hello.policy_version)
+        self._requests.put(pb.ActorMessage(actor_id=actor_id, hello=hello))
+
+    def _leave(self, actor_id: str) -> None:
+        """Under lock: forget ``actor_id`` and tell the upstream."""
+        del self.routes[actor_id]
+        if self._requests is not None:
+            self._requests.put(pb.ActorMessage(actor_id=actor_id, leave=pb.Leave()))
+
+    def _route_down(self, message: pb.LearnerMessage) -> None:
+        """A message for one actor: to the stream it joined on (dropped if it has left)."""
+        kind = message.WhichOneof("kind")
+        with self.lock:
+            route = self.routes.get(message.actor_id)
+            if route is None:
+                return
+            if kind == "ack":
+                n = route.sizes.pop(message.ack.seq, 0)
+                if message.ack.reason == "duplicate":
+                    route.duplicates += 1
+                else:
+                    route.batches.add()
+                    route.transitions += n
+        session = route.session
+        if kind == "ack":
+            with session.cond:
+                session.in_flight = max(0, session.in_flight - 1)
+                session.cond.notify_all()
+        if not session.relay:
+            if kind == "refusal":
+                code = getattr(grpc.StatusCode, message.refusal.code, grpc.StatusCode.UNKNOWN)
+                session.fail(code, message.refusal.reason)
+                return
+            message.ClearField("actor_id")
+        session.push(message)
+
+    # -- upstream --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        """Connect upstream, serve the stream until it breaks, back off with jitter, repeat."""
+        delay = self.config.reconnect_initial
+        options = grpc_options(self.config.max_message_bytes) + [("grpc.use_local_subchannel_pool", 1)]
+        while not self._closing.is_set():
+            reason = "the stream ended"
+            with open_channel(self.config.upstream, self.config.security, options) as channel:
+                try:
+                    if self._serve_upstream(channel):
+                        delay = self.config.reconnect_initial
+                except grpc.RpcError as exc:
+                    if exc.code() in FATAL_CODES:
+                        self.error = RelayError(f"upstream {self.config.upstream} refused relay {self.relay_id}: "
+                                                f"{exc.code().name}: {exc.details()}")
+                        self.failed.set()
+                        self._down(str(self.error))
+                        return
+                    reason = exc.code().name
+                except wire.WireError as exc:
+                    reason = f"bad policy update: {exc}"
+            self._down(reason)
+            if self._closing.wait(delay * random.uniform(0.5, 1.5)):
+                return
+            delay = min(delay * 2, self.config.reconnect_max)
+
+    def _serve_upstream(self, channel: grpc.Channel) -> bool:
+        """One upstream stream, until it ends; True if it was welcomed."""
+        stub = pb_grpc.LearnerStub(channel)
+        spec = stub.GetSpec(pb.LearnerSpecRequest(), timeout=10)
+        requests: queue.Queue = queue.Queue()
+        requests.put(pb.ActorMessage(hello=pb.Hello(
+            actor_id=self.relay_id, relay=True, protocol_version=wire.PROTOCOL_VERSION, env_spec=spec.env_spec,
+            policy_version=-1)))
+        assembler = wire.ChunkAssembler(self.config.max_message_bytes * 64)
+        self._call = call = stub.Connect(_drain(requests))
+        welcomed = False
+        try:
+            for message in call:
+                kind = message.WhichOneof("kind")
+                if message.actor_id:
+                    self._route_down(message)
+                elif kind == "welcome":
+                    welcomed = True
+                    with self.lock:
+                        self.spec, self.welcome, self._requests = spec, message.welcome, requests
+                        if not self.up:
+                            self._awaited_version = message.welcome.policy_version
+                elif kind == "policy_update":
+                    update = message.policy_update
+                    payload = assembler.add(update.version, update.chunk_index, update.chunk_count,
+                                            update.total_bytes, update.payload)
+                    if payload is not None:
+                        self._publish(update.version, payload)
+                elif kind == "shutdown":
+                    logger.info("upstream is shutting down: %s", message.shutdown.reason)
+                    break
+        finally:
+            call.cancel()
+        return welcomed
+
+    def _publish(self, version: int, payload: bytes) -> None:
+        """Keep ``version`` as the relay's copy; the relay is up once it holds its Welcome's version."""
+        self.broadcast.publish_payload(version, payload)
+        with self.lock:
+            if not self.up and self._awaited_version is not None and version >= self._awaited_version:
+                self.up, self._awaited_version = True, None
+                logger.info("relay %s connected upstream to %s (learner %s)", self.relay_id, self.config.upstream,
+                            self.welcome.learner_id)
+
+    def _down(self, reason: str) -> None:
+        """The upstream stream is gone: end every downstream stream (their actors resend elsewhere or later)."""
+        with self.lock:
+            was_up, self.up, self._awaited_version = self.up, False, None
+            if self._requests is not None:
+                self._requests.put(None)
+                self._requests = None
+            sessions, self.sessions = list(self.sessions), set()
+            self.routes.clear()
+        if was_up:
+            logger.warning("relay %s lost its upstream %s (%s); ending %d streams", self.relay_id,
+                           self.config.upstream, reason, len(sessions))
+        for session in sessions:
+            session.fail(grpc.StatusCode.UNAVAILABLE, f"relay {self.relay_id} lost its upstream: {reason}")
+
+    # -- status ----------------------------------------------------------------------------
+
+    def status(self) -> pb.StatusResponse:
+        """The relay's actors (and the relays below it), and the newest version it holds."""
+        version = self.broadcast.version
+        with self.lock:
+            routes = list(self.routes.items())
+            relays = [s for s in self.sessions if s.relay]
+            learner_id = self.welcome.learner_id if self.welcome else ""
+        actors = [pb.ActorStatus(actor_id=actor_id, policy_version=r.policy_version,
+                                 lag=max(0, version - r.policy_version), batches_per_second=r.batches.rate(),
+                                 last_seen_unix=r.last_seen, connected=True, duplicates=r.duplicates,
+                                 inserted=int(r.batches.total), transitions=r.transitions, via=r.via)
+                  for actor_id, r in routes]
+        actors += [pb.ActorStatus(actor_id=s.actor_id, policy_version=s.sent_version,
+                                  lag=max(0, version - s.sent_version), connected=True, relay=True) for s in relays]
+        return pb.StatusResponse(policy_version=version, learner_id=learner_id, actors=actors)
+
+
+def _drain(requests: queue.Queue):
+    """The request side of the upstream stream: messages until a None arrives."""
+    while (message := requests.get()) is not None:
+        yield message

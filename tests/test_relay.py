@@ -1,0 +1,178 @@
+"""Relays between actors and the learner: training through one, exactly once through cut links and a
+relay killed and restarted, chains of relays, tokens, and what status shows."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+
+import grpc
+import numpy as np
+import pytest
+
+from actorlearner import specs
+from actorlearner.actor.link import LearnerLink, LinkError
+from actorlearner.config import LearnerConfig, RelayConfig
+from actorlearner.learner.learner import Learner
+from actorlearner.learner.server import serve as serve_learner
+from actorlearner.relay.server import serve as serve_relay
+from actorlearner.transport import SecurityConfig, open_channel
+from actorlearner.v1 import learner_pb2 as pb
+from actorlearner.v1 import learner_pb2_grpc as pb_grpc
+from procs import CHILD_ENV, FAST_LEARNER, free_port, start_actor, start_learner, status, stop, wait_until
+from tcp_proxy import TcpProxy
+from test_exactly_once import BATCH, batch_for, make_hello
+
+TOKEN = "relay-test-token"
+
+
+def make_learner(**overrides) -> Learner:
+    """A learner that does not train: nothing is sampled, and the test's batches stay far below the
+    rate limiter's admission, so no insert waits."""
+    return Learner(LearnerConfig(env="CartPole-v1", replay_capacity=10_000, eval_every=0, max_unacked=8, **overrides))
+
+
+def relay_config(upstream_port: int, relay_id: str, **overrides) -> RelayConfig:
+    return RelayConfig(upstream=f"127.0.0.1:{upstream_port}", port=0, relay_id=relay_id, reconnect_initial=0.05,
+                       reconnect_max=0.5, **overrides)
+
+
+@contextlib.contextmanager
+def relay_at(upstream_port: int, relay_id: str, **overrides):
+    """An in-process relay, once it is connected upstream; yields the relay and its port."""
+    with serve_relay(relay_config(upstream_port, relay_id, **overrides)) as (relay, port):
+        wait_until(lambda: relay.up or relay.failed.is_set(), 60, f"relay {relay_id} to connect upstream")
+        yield relay, port
+
+
+def start_relay(upstream_port: int, relay_id: str, *args: str, port: int = 0) -> tuple[subprocess.Popen, int]:
+    """``actorlearner relay`` as a process; returns it and the port it printed."""
+    proc = subprocess.Popen([sys.executable, "-m", "actorlearner", "relay", "--upstream", f"127.0.0.1:{upstream_port}",
+                             "--port", str(port), "--relay-id", relay_id, "--reconnect-max", "0.5", *args],
+                            stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
+    line = proc.stdout.readline()
+    if "listening on" not in line:
+        proc.kill()
+        raise RuntimeError(f"relay did not report its port: {line!r}")
+    return proc, int(line.rsplit(":", 1)[1])
+
+
+def relay_status(port: int, security: SecurityConfig | None = None) -> pb.StatusResponse:
+    with open_channel(f"127.0.0.1:{port}", security) as channel:
+        return pb_grpc.LearnerStub(channel).GetStatus(pb.StatusRequest(), timeout=10)
+
+
+def stored_once(learner: Learner, seqs: int) -> None:
+    """Every item of batches 1..seqs is in the replay exactly once (batch_for marks them (seq, i))."""
+    obs = learner.replay.state_dict()["field.obs"].numpy().reshape(len(learner.replay), -1)
+    counts = np.bincount(obs[:, 0].astype(np.int64), minlength=seqs + 1)
+    assert (counts[1:] == BATCH).all(), f"per-seq item counts: {dict(enumerate(counts))}"
+    assert len(learner.replay) == BATCH * seqs and learner.inserted_batches == seqs
+    for seq in range(1, seqs + 1):
+        assert np.array_equal(np.sort(obs[obs[:, 0] == seq, 1]), np.arange(BATCH))
+
+
+def link_to(port: int, learner: Learner, actor_id: str, security: SecurityConfig | None = None) -> LearnerLink:
+    return LearnerLink(f"127.0.0.1:{port}", make_hello(learner, actor_id), 16 << 20, reconnect_initial=0.05,
+                       reconnect_max=0.5, security=security).start()
+
+
+def send(link: LearnerLink, learner: Learner, seqs: range) -> None:
+    for seq in seqs:
+        assert link.send_batch(seq, batch_for(learner, seq), timeout=60)
+
+
+def by_id(status: pb.StatusResponse) -> dict[str, pb.ActorStatus]:
+    return {a.actor_id: a for a in status.actors}
+
+
+def test_a_chain_of_relays_carries_batches_acks_policies_and_status():
+    """actor -> relay b -> relay a -> learner: stored once, acked, versions fan out, each status tells its part."""
+    learner = make_learner(num_actors=3)
+    with serve_learner(learner, "127.0.0.1", 0) as port, relay_at(port, "relay-a") as (a, a_port), \
+            relay_at(a_port, "relay-b") as (b, b_port):
+        links = [link_to(b_port, learner, "behind-b"), link_to(a_port, learner, "behind-a")]
+        for link, first in zip(links, (1, 101)):
+            send(link, learner, range(first, first + 30))
+        for link in links:
+            assert link.flush(timeout=60), f"{link.unacked} batches never acked"
+        learner.version += 1
+        learner.publish()
+        for link in links:
+            wait_until(lambda: (p := link.take_policy()) and p.version == learner.version, 60, "the new version")
+        indices = sorted(link.session.settings.actor_index for link in links)
+        assert indices == [0, 1] and all(link.session.settings.num_actors == 3 for link in links)
+        assert a.broadcast.serializations == b.broadcast.serializations == 2  # one copy per version and relay
+
+        actors = by_id(learner.status())
+        assert actors["relay-a"].relay and actors["relay-a"].connected and "relay-b" not in actors
+        for actor_id in ("behind-a", "behind-b"):
+            assert actors[actor_id].via == "relay-a" and actors[actor_id].connected and actors[actor_id].inserted == 30
+        at_a = by_id(relay_status(a_port))
+        assert at_a["relay-b"].relay and at_a["behind-b"].via == "relay-b" and at_a["behind-a"].via == ""
+        assert at_a["behind-a"].inserted == 30 and at_a["behind-a"].transitions == 30 * BATCH
+        at_b = relay_status(b_port)
+        assert [a.actor_id for a in at_b.actors] == ["behind-b"] and at_b.learner_id == learner.learner_id
+        assert at_b.policy_version == learner.version
+        spec = pb_grpc.LearnerStub(grpc.insecure_channel(f"127.0.0.1:{b_port}")).GetSpec(pb.LearnerSpecRequest(),
+                                                                                         timeout=10)
+        assert spec == learner.spec()
+        for link in links:
+            link.close()
+        wait_until(lambda: not any(s.connected for s in learner.status().actors if not s.relay), 30,
+                   "the actors to leave the learner through the relays")
+    obs = learner.replay.state_dict()["field.obs"].numpy()
+    assert len(learner.replay) == 60 * BATCH and sorted(set(obs.reshape(60 * BATCH, -1)[:, 0])) == \
+        [*range(1, 31), *range(101, 131)]
+
+
+def test_the_learner_refuses_a_mismatched_actor_behind_a_relay_and_the_relay_passes_it_on():
+    learner = make_learner()
+    with serve_learner(learner, "127.0.0.1", 0) as port, relay_at(port, "relay") as (_, relay_port):
+        hello = make_hello(learner, "wrong-env")
+        other = specs.env_spec("MountainCar-v0", *_spaces("MountainCar-v0"))
+        hello.env_spec.CopyFrom(other)
+        link = LearnerLink(f"127.0.0.1:{relay_port}", hello, 16 << 20).start()
+        wait_until(lambda: link.error is not None, 60, "the refusal")
+        assert isinstance(link.error, LinkError) and "FAILED_PRECONDITION" in str(link.error)
+        assert "env spec differs" in str(link.error)
+        link.close()
+        good = link_to(relay_port, learner, "good")  # the relay's stream goes on for the others
+        send(good, learner, range(1, 4))
+        assert good.flush(timeout=60)
+        good.close()
+
+
+def _spaces(env_id: str):
+    import gymnasium as gym
+
+    env = gym.make(env_id)
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+def test_tokens_at_the_relay_and_upstream(tmp_path):
+    """The relay refuses callers without its token and sends it upstream; a relay without the
+    learner's token is refused for good."""
+    security = SecurityConfig(auth_token=TOKEN)
+    learner = make_learner(security=security)
+    with serve_learner(learner, "127.0.0.1", 0) as port:
+        with relay_at(port, "secured", security=security) as (relay, relay_port):
+            assert relay.up
+            with pytest.raises(grpc.RpcError) as refused:
+                relay_status(relay_port, SecurityConfig(auth_token="wrong"))
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            stranger = link_to(relay_port, learner, "stranger", SecurityConfig(auth_token="wrong"))
+            wait_until(lambda: stranger.error is not None, 60, "the stranger's refusal")
+            assert "UNAUTHENTICATED" in str(stranger.error)
+            stranger.close()
+            friend = link_to(relay_port, learner, "friend", security)
+            send(friend, learner, range(1, 4))
+            assert friend.flush(timeout=60)
+            assert by_id(relay_status(relay_port, security))["friend"].inserted == 3
+            friend.close()
+        with relay_at(port, "tokenless") as (relay, _):
+            assert relay.failed.is_set() and "UNAUTHENTICATED" in str(relay.error) and not relay.up
