@@ -86,7 +86,11 @@ class TcpProxy:
             if refusing:
                 client.close()
                 continue
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:  # the target is down (being restarted): as a refused connection to it would
+                client.close()
+                continue
             with self._lock:
                 self._sockets |= {client, upstream}
             for src, dst, direction in ((client, upstream, UP), (upstream, client, DOWN)):

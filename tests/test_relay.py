@@ -176,3 +176,83 @@ def test_tokens_at_the_relay_and_upstream(tmp_path):
             friend.close()
         with relay_at(port, "tokenless") as (relay, _):
             assert relay.failed.is_set() and "UNAUTHENTICATED" in str(relay.error) and not relay.up
+
+
+def test_exactly_once_through_cuts_on_both_sides_and_a_relay_killed_and_restarted():
+    """actor link -> proxy a -> relay process -> proxy b -> learner. Each side is cut twice with
+    HELD batches in flight (once after the learner stored them but before their acks got back,
+    once before they reached it), then the relay is SIGKILLed with stored batches unacked and
+    restarted on its port: every batch is stored exactly once and all are acked."""
+    per_phase, held, seqs = 20, 4, 0
+    learner = make_learner()
+    with serve_learner(learner, "127.0.0.1", 0) as port:
+        proxy_b = TcpProxy(port)
+        relay_port = free_port()
+        relay, _ = start_relay(proxy_b.port, "cut-relay", port=relay_port)
+        proxy_a = TcpProxy(relay_port)
+        link = link_to(proxy_a.port, learner, "cutter")
+        try:
+            def phase(proxy: TcpProxy | None, acks_lost: bool) -> None:
+                nonlocal seqs
+                send(link, learner, range(seqs + 1, seqs + per_phase - held + 1))
+                seqs += per_phase - held
+                assert link.flush(timeout=60), f"{link.unacked} batches never acked"
+                stalled = proxy or proxy_b
+                stalled.stall(up_after=None if acks_lost else 0, down_after=0 if acks_lost else None)
+                send(link, learner, range(seqs + 1, seqs + held + 1))
+                seqs += held
+                if acks_lost:
+                    wait_until(lambda: learner.inserted_batches == seqs, 60, "the learner to store the held batches")
+                assert link.unacked == held
+                if proxy is None:
+                    nonlocal relay
+                    relay.kill()
+                    relay.wait()
+                    proxy_b.resume()
+                    relay, _ = start_relay(proxy_b.port, "cut-relay", port=relay_port)
+                else:
+                    proxy.cut()
+                    proxy.resume()
+
+            for proxy in (proxy_a, proxy_b):
+                for acks_lost in (True, False):
+                    phase(proxy, acks_lost)
+            phase(None, acks_lost=True)
+            send(link, learner, range(seqs + 1, seqs + per_phase + 1))
+            seqs += per_phase
+            assert link.flush(timeout=60), f"{link.unacked} batches never acked"
+            assert link.reconnects >= 5
+            actors = by_id(learner.status())
+            assert actors["cutter"].via == "cut-relay" and actors["cutter"].connected and actors["cut-relay"].relay
+            assert actors["cutter"].inserted == seqs and actors["cutter"].duplicates >= 3 * held
+        finally:
+            link.close()
+            stop(relay)
+            proxy_a.close()
+            proxy_b.close()
+    stored_once(learner, seqs)
+
+
+def test_actor_processes_behind_a_relay_process_train_and_follow_the_policy():
+    learner, port = start_learner(*FAST_LEARNER, "--num-actors", "2")
+    relay, relay_port = start_relay(port, "trainer-relay")
+    actors = [start_actor(relay_port, f"relayed-{i}", "--seed", str(i)) for i in range(2)]
+    try:
+        def caught_up():
+            s = status(port)
+            behind = [a for a in s.actors if a.via == "trainer-relay" and a.connected]
+            return (s.updates > 0 and s.policy_version >= 10 and len(behind) == 2
+                    and all(1 <= a.policy_version and a.lag <= 10 for a in behind) and s)
+
+        s = wait_until(caught_up, 180, "training to go on and the actors behind the relay to follow its versions")
+        entries = by_id(s)
+        assert entries["trainer-relay"].relay and entries["trainer-relay"].connected
+        assert {a.actor_id for a in s.actors if a.connected and not a.via} == {"trainer-relay"}  # one stream
+        assert all(entries[f"relayed-{i}"].inserted > 0 for i in range(2))
+        at_relay = relay_status(relay_port)
+        assert sorted(a.actor_id for a in at_relay.actors) == ["relayed-0", "relayed-1"]
+        assert at_relay.learner_id == s.learner_id and at_relay.policy_version >= 10
+        assert stop(*actors) == [0, 0]  # they flushed their windows through the relay
+    finally:
+        codes = stop(*actors, relay, learner)
+    assert codes[2:] == [0, 0]
