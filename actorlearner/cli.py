@@ -331,7 +331,7 @@ def status_command(address: str, as_json: bool, timeout: float, security: Securi
             return 1
     actors = [{"id": a.actor_id, "policy_version": a.policy_version, "lag": a.lag, "connected": a.connected,
                "batches_per_second": round(a.batches_per_second, 2), "inserted": a.inserted,
-               "duplicates": a.duplicates, "last_seen_unix": a.last_seen_unix}
+               "duplicates": a.duplicates, "last_seen_unix": a.last_seen_unix, "via": a.via, "relay": a.relay}
               for a in status.actors]
     summary = {"learner_id": status.learner_id, "policy_version": status.policy_version, "updates": status.updates,
                "buffer_size": status.buffer_size, "inserted": status.inserted, "env_steps": status.env_steps,
@@ -348,10 +348,11 @@ def status_command(address: str, as_json: bool, timeout: float, security: Securi
     for name, value in summary["parameters"].items():
         changed = " (set while running)" if name in summary["changed_parameters"] else ""
         print(f"{name:18s} {value}{changed}")
-    print(f"{'actor':24s} {'version':>8s} {'lag':>5s} {'batches/s':>10s} {'stored':>8s} {'dupes':>6s} connected")
+    print(f"{'actor':24s} {'version':>8s} {'lag':>5s} {'batches/s':>10s} {'stored':>8s} {'dupes':>6s} connected via")
     for a in actors:
+        via = "(relay)" if a["relay"] else a["via"]
         print(f"{a['id']:24s} {a['policy_version']:8d} {a['lag']:5d} {a['batches_per_second']:10.2f} "
-              f"{a['inserted']:8d} {a['duplicates']:6d} {a['connected']}")
+              f"{a['inserted']:8d} {a['duplicates']:6d} {a['connected']!s:9s} {via}")
     return 0
 
 

@@ -14,7 +14,7 @@ from actorlearner import config as cfg
 from actorlearner.algorithms import registry
 
 SECTIONS = {"learner": cfg.LearnerConfig, "actor": cfg.ActorConfig, "env-server": cfg.EnvServerConfig,
-            "run": cfg.RunConfig}
+            "relay": cfg.RelayConfig, "run": cfg.RunConfig}
 
 
 def render(readme: str) -> str:

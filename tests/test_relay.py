@@ -4,6 +4,7 @@ relay killed and restarted, chains of relays, tokens, and what status shows."""
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ import pytest
 
 from actorlearner import specs
 from actorlearner.actor.link import LearnerLink, LinkError
+from actorlearner.cli import status_command
 from actorlearner.config import LearnerConfig, RelayConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.server import serve as serve_learner
@@ -87,7 +89,7 @@ def by_id(status: pb.StatusResponse) -> dict[str, pb.ActorStatus]:
     return {a.actor_id: a for a in status.actors}
 
 
-def test_a_chain_of_relays_carries_batches_acks_policies_and_status():
+def test_a_chain_of_relays_carries_batches_acks_policies_and_status(capsys):
     """actor -> relay b -> relay a -> learner: stored once, acked, versions fan out, each status tells its part."""
     learner = make_learner(num_actors=3)
     with serve_learner(learner, "127.0.0.1", 0) as port, relay_at(port, "relay-a") as (a, a_port), \
@@ -115,6 +117,9 @@ def test_a_chain_of_relays_carries_batches_acks_policies_and_status():
         at_b = relay_status(b_port)
         assert [a.actor_id for a in at_b.actors] == ["behind-b"] and at_b.learner_id == learner.learner_id
         assert at_b.policy_version == learner.version
+        assert status_command(f"127.0.0.1:{a_port}", True, 10, SecurityConfig()) == 0
+        shown = {a["id"]: a for a in json.loads(capsys.readouterr().out)["actors"]}
+        assert shown["relay-b"]["relay"] and shown["behind-b"]["via"] == "relay-b"
         spec = pb_grpc.LearnerStub(grpc.insecure_channel(f"127.0.0.1:{b_port}")).GetSpec(pb.LearnerSpecRequest(),
                                                                                          timeout=10)
         assert spec == learner.spec()
