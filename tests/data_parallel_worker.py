@@ -4,7 +4,7 @@
 Learner (restoring CHECKPOINT_DIR/rank-R when there is one), inserts batches only this rank has,
 runs STEPS lockstep train steps, checkpoints, and writes as JSON to OUT what it held: digests of
 the algorithm state after the restore and after every step, the version after every step, and
-digests of its replay shard, seq table and limiter.
+digests of its replay shard, seq table and limiter, and why it refused to change the lr.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from actorlearner import wire
 from actorlearner.algorithms.dqn import DQNConfig
 from actorlearner.config import LearnerConfig
 from actorlearner.learner.learner import Learner
+from actorlearner.learner.parameters import ParameterError
 from actorlearner.v1 import learner_pb2 as pb
 
 
@@ -70,6 +71,11 @@ def main(rank: int, world: int, address: str, checkpoint_dir: str, steps: int, o
     learner.checkpoint()
     result["saved"] = {"algorithm": digest(learner.algorithm.state_dict()), "updates": learner.updates,
                        "version": learner.version, **shard(learner)}
+    try:
+        learner.set_parameters([("dqn-lr", "1e-4"), ("samples-per-insert", "4")])
+    except ParameterError as exc:
+        result["refused"] = str(exc)
+    learner.set_parameters([("samples-per-insert", "4")])  # a shard's own pace may differ
     learner.data_parallel.close()
     with open(out, "w") as fh:
         json.dump(result, fh)

@@ -56,6 +56,12 @@ def test_two_ranks_hold_identical_parameters_after_every_step_and_publish_the_sa
     assert rank0["saved"]["seq_table"] == {"rank-0": 4} and rank1["saved"]["seq_table"] == {"rank-1": 4}
 
 
+def test_runtime_changes_that_would_part_the_ranks_are_refused(first_world):
+    _, ranks = first_world
+    for rank in ranks:
+        assert rank["refused"] == "dqn-lr must stay the same on every data-parallel rank: not changeable while they train"
+
+
 def test_a_resumed_world_restores_the_parameters_and_each_rank_its_own_shard(first_world):
     checkpoint_dir, first = first_world
     assert sorted(os.listdir(checkpoint_dir)) == ["rank-0", "rank-1"]

@@ -507,6 +507,12 @@ class Learner:
         """
         with self._tune_lock:
             change = plan(self.config, self.algorithm_class, self.algorithm_config, request)
+            if self.data_parallel is not None and not restored:
+                shared = [c.name for c in change.changes
+                          if c.name == "publish-every" or c.name.startswith(f"{self.algorithm_class.name}-")]
+                if shared:  # set on one rank only, the parameters or versions would part
+                    raise ParameterError(f"{', '.join(shared)} must stay the same on every data-parallel rank: "
+                                         "not changeable while they train")
             config = change.learner
             if config.samples_per_insert != self.config.samples_per_insert:
                 self.limiter.retarget(config.samples_per_insert)
