@@ -13,9 +13,10 @@ import time
 import pytest
 
 from actorlearner.config import LearnerConfig
+from actorlearner.learner.checkpoint import CheckpointStore
 from actorlearner.learner.distributed import World, resolve_world
 from actorlearner.learner.learner import Learner
-from procs import CHILD_ENV, free_port, start_actor, status, stop, wait_until
+from procs import CHILD_ENV, FAST_LEARNER, free_port, start_actor, status, stop, wait_until
 
 logger = logging.getLogger(__name__)
 
@@ -139,3 +140,43 @@ def test_two_data_parallel_learners_with_two_actors_each_solve_cartpole():
         stop(*actors)
         codes = stop(*learners)
     assert codes == [0, 0]
+
+
+def newest_updates(directory) -> int:
+    """The update count of the newest checkpoint under ``directory``."""
+    _, parts = CheckpointStore(directory).load_latest()
+    return int(parts["learner"]["updates"])
+
+
+def test_stopping_one_rank_stops_the_world_at_one_update_count(tmp_path):
+    """SIGTERM to rank 1 only: rank 0 learns of it in the next lockstep round, and both write their final
+    checkpoints at the same update count and exit 0."""
+    address = f"127.0.0.1:{free_port()}"
+    fast = [*FAST_LEARNER, "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "3600"]
+    learners = [start_rank(rank, address, *fast) for rank in range(2)]
+    actors = []
+    try:
+        ports = [listening_port(proc) for proc in learners]
+        actors = [start_actor(port, f"rank{rank}", "--seed", str(rank)) for rank, port in enumerate(ports)]
+        wait_until(lambda: all(status(port).updates >= 50 for port in ports), 120, "50 updates on both ranks")
+        assert stop(learners[1]) == [0]
+        assert learners[0].wait(60) == 0
+    finally:
+        stop(*actors, *learners)
+    assert newest_updates(tmp_path / "rank-0") == newest_updates(tmp_path / "rank-1") >= 50
+
+
+def test_a_killed_rank_fails_the_others_instead_of_leaving_them_waiting():
+    """SIGKILL to rank 1: rank 0's next collective fails (the peer's connection is gone), so it exits 1
+    (after its final checkpoint) for an orchestrator to restart the world."""
+    address = f"127.0.0.1:{free_port()}"
+    learners = [start_rank(rank, address, *FAST_LEARNER) for rank in range(2)]
+    actors = []
+    try:
+        ports = [listening_port(proc) for proc in learners]
+        actors = [start_actor(port, f"rank{rank}", "--seed", str(rank)) for rank, port in enumerate(ports)]
+        wait_until(lambda: all(status(port).updates >= 50 for port in ports), 120, "50 updates on both ranks")
+        learners[1].kill()
+        assert learners[0].wait(120) == 1
+    finally:
+        stop(*actors, *learners)
