@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
-from actorlearner import specs
+from actorlearner import specs, wire
 from actorlearner.actor.link import LearnerLink, LinkError
 from actorlearner.cli import status_command
 from actorlearner.config import LearnerConfig, RelayConfig
@@ -120,9 +120,15 @@ def test_a_chain_of_relays_carries_batches_acks_policies_and_status(capsys):
         assert status_command(f"127.0.0.1:{a_port}", True, 10, SecurityConfig()) == 0
         shown = {a["id"]: a for a in json.loads(capsys.readouterr().out)["actors"]}
         assert shown["relay-b"]["relay"] and shown["behind-b"]["via"] == "relay-b"
-        spec = pb_grpc.LearnerStub(grpc.insecure_channel(f"127.0.0.1:{b_port}")).GetSpec(pb.LearnerSpecRequest(),
-                                                                                         timeout=10)
-        assert spec == learner.spec()
+        with grpc.insecure_channel(f"127.0.0.1:{b_port}") as channel:
+            stub = pb_grpc.LearnerStub(channel)
+            assert stub.GetSpec(pb.LearnerSpecRequest(), timeout=10) == learner.spec()
+            stub.SetParameters(pb.SetParametersRequest(parameters=[pb.Parameter(name="dqn-epsilon-base",
+                                                                                value="0.25")]), timeout=10)
+        for link in links:  # a new Welcome on the live stream: same index, the new settings
+            wait_until(lambda: '"epsilon_base": 0.25' in link.session.settings.algorithm_config, 60, "the new settings")
+            assert link.welcomes == 1 + 1 and link.reconnects == 0
+        assert sorted(link.session.settings.actor_index for link in links) == indices
         for link in links:
             link.close()
         wait_until(lambda: not any(s.connected for s in learner.status().actors if not s.relay), 30,
@@ -132,21 +138,28 @@ def test_a_chain_of_relays_carries_batches_acks_policies_and_status(capsys):
         [*range(1, 31), *range(101, 131)]
 
 
-def test_the_learner_refuses_a_mismatched_actor_behind_a_relay_and_the_relay_passes_it_on():
+def test_the_learner_refuses_bad_actors_behind_a_relay_one_by_one():
+    """A mismatched env spec (its window sent right after its Hello) and a batch that does not decode
+    end those actors' streams with the learner's status, through the relay; its stream goes on."""
     learner = make_learner()
-    with serve_learner(learner, "127.0.0.1", 0) as port, relay_at(port, "relay") as (_, relay_port):
+    with serve_learner(learner, "127.0.0.1", 0) as port, relay_at(port, "relay") as (relay, relay_port):
         hello = make_hello(learner, "wrong-env")
-        other = specs.env_spec("MountainCar-v0", *_spaces("MountainCar-v0"))
-        hello.env_spec.CopyFrom(other)
-        link = LearnerLink(f"127.0.0.1:{relay_port}", hello, 16 << 20).start()
-        wait_until(lambda: link.error is not None, 60, "the refusal")
-        assert isinstance(link.error, LinkError) and "FAILED_PRECONDITION" in str(link.error)
-        assert "env spec differs" in str(link.error)
-        link.close()
-        good = link_to(relay_port, learner, "good")  # the relay's stream goes on for the others
+        hello.env_spec.CopyFrom(specs.env_spec("MountainCar-v0", *_spaces("MountainCar-v0")))
+        mismatched = LearnerLink(f"127.0.0.1:{relay_port}", hello, 16 << 20)
+        assert mismatched.send_batch(1, batch_for(learner, 1), timeout=5)  # goes right after the Hello
+        mismatched.start()
+        garbled = link_to(relay_port, learner, "garbled")
+        assert garbled.send_batch(1, wire.encode_batch_message(1, 0, BATCH, b"not msgpack", wire.Codec.MSGPACK), 5)
+        for link, code, reason in ((mismatched, "FAILED_PRECONDITION", "env spec differs"),
+                                   (garbled, "INVALID_ARGUMENT", "")):
+            wait_until(lambda: link.error is not None, 60, f"the refusal of {link.hello.actor_id}")
+            assert isinstance(link.error, LinkError) and code in str(link.error) and reason in str(link.error)
+            link.close()
+        good = link_to(relay_port, learner, "good")
         send(good, learner, range(1, 4))
         assert good.flush(timeout=60)
         good.close()
+        assert relay.connects == 1 and learner.inserted_batches == 3
 
 
 def _spaces(env_id: str):

@@ -45,6 +45,7 @@ class Session:
         self.error: tuple[grpc.StatusCode, str] | None = None
         self.relay = stream.record.relay
         self.children: dict[str, ActorStream] = {}  # a relay's actors, by id; under cond
+        self.refused: set[str] = set()  # a relay's actors refused since they last joined; under cond
 
     def push(self, message: pb.LearnerMessage) -> None:
         with self.cond:
@@ -171,20 +172,18 @@ class LearnerService(pb_grpc.LearnerServicer):
         try:
             for message in request_iterator:
                 kind = message.WhichOneof("kind")
-                if session.relay and kind in ("hello", "leave"):
-                    self._relayed_arrival(session, message)
-                    continue
-                stream = self._stream_for(session, message.actor_id)
-                if kind == "batch":
-                    inserted = self.learner.ingest(stream, message.batch)
-                    session.push(pb.LearnerMessage(actor_id=message.actor_id, ack=pb.Ack(
-                        seq=message.batch.seq, accepted=True, reason="" if inserted else "duplicate")))
-                elif kind == "episode_stats":
-                    self.learner.record_episodes(stream, message.episode_stats)
+                if session.relay:
+                    self._relayed(session, message)
+                elif message.actor_id:
+                    raise wire.WireError("ActorMessage.actor_id is only for a relay's stream")
+                elif kind in ("batch", "episode_stats"):
+                    self._handle(session, session.stream, message)
                 elif kind == "hello":
                     raise wire.WireError("Hello may only be the first message of a stream", "FAILED_PRECONDITION")
+                elif kind == "leave":
+                    raise wire.WireError("Leave is only for a relay's stream")
                 else:
-                    raise wire.WireError(f"ActorMessage {kind or 'without a kind'} on an actor's stream")
+                    raise wire.WireError("empty ActorMessage")
         except IngestAborted as exc:  # not the actor's doing: a draining learner sends Shutdown next
             logger.info("actor %s: a batch was not stored (%s); the actor resends it", actor_id, exc)
         except wire.WireError as exc:
@@ -200,19 +199,56 @@ class LearnerService(pb_grpc.LearnerServicer):
             session.fail(grpc.StatusCode.INTERNAL, f"the learner failed on this stream's message: "
                                                    f"{type(exc).__name__}: {exc}")
 
-    @staticmethod
-    def _stream_for(session: Session, actor_id: str) -> ActorStream:
-        """The stream a message counts for: on a relay's stream, its actor's (which must have joined)."""
-        if not session.relay:
-            if actor_id:
-                raise wire.WireError("ActorMessage.actor_id is only for a relay's stream")
-            return session.stream
+    def _handle(self, session: Session, stream: ActorStream, message: pb.ActorMessage) -> None:
+        """Store a batch and ack it, or account episode stats, for ``stream`` (a relay's actor's: acked by actor_id)."""
+        if message.WhichOneof("kind") == "batch":
+            inserted = self.learner.ingest(stream, message.batch)
+            session.push(pb.LearnerMessage(actor_id=message.actor_id, ack=pb.Ack(
+                seq=message.batch.seq, accepted=True, reason="" if inserted else "duplicate")))
+        else:
+            self.learner.record_episodes(stream, message.episode_stats)
+
+    def _relayed(self, session: Session, message: pb.ActorMessage) -> None:
+        """A message on a relay's stream. One actor's bad input (or a failure on it) refuses that
+        actor alone, as its own stream would end; a message for an actor that never joined, the relay's fault,
+        ends the relay's stream."""
+        actor_id, kind = message.actor_id, message.WhichOneof("kind")
+        if kind in ("hello", "leave"):
+            self._relayed_arrival(session, message)
+            return
         with session.cond:
             stream = session.children.get(actor_id)
+            refused = actor_id in session.refused
         if stream is None:
-            raise wire.WireError(f"relay {session.actor_id} sent a message for actor {actor_id!r}, "
-                                 "which has not joined through it")
-        return stream
+            if refused:
+                return  # sent before the relay saw the refusal
+            raise wire.WireError(f"relay {session.actor_id} sent {kind or 'an empty message'} for actor "
+                                 f"{actor_id!r}, which has not joined through it")
+        try:
+            if kind not in ("batch", "episode_stats"):
+                raise wire.WireError("empty ActorMessage")
+            self._handle(session, stream, message)
+        except (wire.WireError, ValueError) as exc:
+            logger.warning("actor %s (through relay %s) sent bad input: %s", actor_id, session.actor_id, exc)
+            code = exc.status_code.name if isinstance(exc, wire.WireError) else "INVALID_ARGUMENT"
+            self._refuse(session, actor_id, Refusal(code, str(exc)))
+        except IngestAborted:
+            raise
+        except Exception as exc:  # a bug or a failing device: this actor only
+            logger.exception("actor %s (through relay %s): the learner failed on its message", actor_id,
+                             session.actor_id)
+            self._refuse(session, actor_id, Refusal("INTERNAL", f"the learner failed on this stream's message: "
+                                                                f"{type(exc).__name__}: {exc}"))
+
+    def _refuse(self, session: Session, actor_id: str, refusal: Refusal) -> None:
+        """End a relay's actor as its own stream would end: a Refusal routed to it; what it sent before
+        the relay saw it is dropped."""
+        with session.cond:
+            stream = session.children.pop(actor_id, None)
+            session.refused.add(actor_id)
+        if stream is not None:
+            self.learner.disconnect(stream)
+        session.push(pb.LearnerMessage(actor_id=actor_id, refusal=pb.Refusal(code=refusal.code, reason=refusal.reason)))
 
     def _relayed_arrival(self, session: Session, message: pb.ActorMessage) -> None:
         """On a relay's stream: an actor joins (checked as its own Hello would be: Welcome or
@@ -220,6 +256,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         actor_id = message.actor_id
         with session.cond:
             previous = session.children.pop(actor_id, None)
+            session.refused.discard(actor_id)
         if previous is not None:
             self.learner.disconnect(previous)
         if message.WhichOneof("kind") == "leave":
@@ -229,8 +266,7 @@ class LearnerService(pb_grpc.LearnerServicer):
             Refusal("INVALID_ARGUMENT", "a relayed Hello must name its actor_id in ActorMessage.actor_id and "
                                         "must not be a relay's") if hello.actor_id != actor_id or hello.relay else None)
         if refusal:
-            session.push(pb.LearnerMessage(actor_id=actor_id, refusal=pb.Refusal(code=refusal.code,
-                                                                                 reason=refusal.reason)))
+            self._refuse(session, actor_id, refusal)
             return
         stream = self.learner.connect(hello, via=session.actor_id)
         with session.cond:

@@ -108,6 +108,7 @@ class Relay:
         self.spec: pb.LearnerSpec | None = None
         self.error: RelayError | None = None
         self.failed = threading.Event()
+        self.connects = 0  # upstream streams welcomed
         self._requests: queue.Queue | None = None
         self._awaited_version: int | None = None  # welcomed; up once this version is held
         self._closing = threading.Event()
@@ -224,7 +225,9 @@ class Relay:
             route = self.routes.get(message.actor_id)
             if route is None:
                 return
-            if kind == "ack":
+            if kind == "refusal":  # the learner drops what the actor sent before it: forward no more
+                del self.routes[message.actor_id]
+            elif kind == "ack":
                 n = route.sizes.pop(message.ack.seq, 0)
                 if message.ack.reason == "duplicate":
                     route.duplicates += 1
@@ -288,6 +291,7 @@ class Relay:
                 if message.actor_id:
                     self._route_down(message)
                 elif kind == "welcome":
+                    self.connects += not welcomed
                     welcomed = True
                     with self.lock:
                         self.spec, self.welcome, self._requests = spec, message.welcome, requests
