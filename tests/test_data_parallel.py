@@ -11,10 +11,11 @@ import sys
 import time
 
 import pytest
+import torch
 
 from actorlearner.config import LearnerConfig
 from actorlearner.learner.checkpoint import CheckpointStore
-from actorlearner.learner.distributed import World, resolve_world
+from actorlearner.learner.distributed import World, local_device, resolve_world
 from actorlearner.learner.learner import Learner
 from procs import CHILD_ENV, FAST_LEARNER, free_port, start_actor, status, stop, wait_until
 
@@ -97,6 +98,13 @@ def test_the_world_comes_from_the_options_else_from_torchrun_and_kubernetes_vari
         resolve_world(2, 0, "", {})
     with pytest.raises(ValueError, match="WORLD_SIZE must be an integer"):
         resolve_world(0, -1, "", {"WORLD_SIZE": "two"})
+
+
+def test_ranks_sharing_a_host_take_the_gpu_of_their_local_rank():
+    assert local_device(torch.device("cuda"), {"LOCAL_RANK": "3"}) == torch.device("cuda", 3)
+    assert local_device(torch.device("cuda"), {}) == torch.device("cuda", 0)
+    assert local_device(torch.device("cuda", 1), {"LOCAL_RANK": "3"}) == torch.device("cuda", 1)  # named: kept
+    assert local_device(torch.device("cpu"), {"LOCAL_RANK": "3"}) == torch.device("cpu")
 
 
 def start_rank(rank: int, address: str, *args: str) -> subprocess.Popen:

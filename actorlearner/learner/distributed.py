@@ -75,6 +75,14 @@ def resolve_world(world_size: int, rank: int, dist_address: str, environ: Mappin
     return World(size, rank, address)
 
 
+def local_device(device: torch.device, environ: Mapping[str, str] | None = None) -> torch.device:
+    """A rank's device: CUDA without an index becomes the GPU torchrun's LOCAL_RANK names (else the first),
+    for ranks sharing a host need one each; any other device as it is."""
+    if device.type != "cuda" or device.index is not None:
+        return device
+    return torch.device("cuda", _env_int(os.environ if environ is None else environ, "LOCAL_RANK") or 0)
+
+
 def find_optimizers(algorithm: Any) -> list[torch.optim.Optimizer]:
     """The optimizers an algorithm owns: those its optional ``optimizers()`` names and its attributes that are one."""
     named = list(algorithm.optimizers().values()) if hasattr(algorithm, "optimizers") else []

@@ -21,7 +21,7 @@ from actorlearner.config import LearnerConfig
 from actorlearner.envs import make_env
 from actorlearner.learner.broadcast import PolicyBroadcast
 from actorlearner.learner.checkpoint import CheckpointError, CheckpointStore, load_rng_state, rng_state
-from actorlearner.learner.distributed import DataParallel, resolve_world
+from actorlearner.learner.distributed import DataParallel, local_device, resolve_world
 from actorlearner.learner.evaluator import EvalResult, evaluate
 from actorlearner.learner.onnx_feed import FORMAT as ONNX_FORMAT
 from actorlearner.learner.onnx_feed import OnnxFeed
@@ -120,7 +120,10 @@ class Learner:
         self.config = config
         torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)  # replay sampling draws from the global generator
+        self.world = resolve_world(config.world_size, config.rank, config.dist_address)
         self.device = resolve_device(config.device)
+        if self.world.size > 1:
+            self.device = local_device(self.device)
         env = make_env(config.env, config.security)
         self.env_spec = specs.env_spec(config.env, env.observation_space, env.action_space)
         self.observation_space, self.action_space = env.observation_space, env.action_space
@@ -155,7 +158,6 @@ class Learner:
             self.observation_space, self.action_space, self.algorithm_config, device="cpu", seed=config.seed),
             self.observation_space, self.action_space, config.chunk_bytes) \
             if hasattr(self.algorithm, "export_policy") else None
-        self.world = resolve_world(config.world_size, config.rank, config.dist_address)
         checkpoint_dir = config.checkpoint_dir
         if checkpoint_dir and self.world.size > 1:  # each rank its own shard (and the same networks)
             checkpoint_dir = os.path.join(checkpoint_dir, f"rank-{self.world.rank}")
