@@ -1,10 +1,10 @@
 """One rank of a data-parallel learner world for tests/test_data_parallel.py, as its own process.
 
-``python data_parallel_worker.py RANK WORLD ADDRESS CHECKPOINT_DIR STEPS OUT``: builds the rank's
+``python data_parallel_worker.py RANK WORLD ADDRESS CHECKPOINT_DIR STEPS OUT ALGORITHM``: builds the rank's
 Learner (restoring CHECKPOINT_DIR/rank-R when there is one), inserts batches only this rank has,
 runs STEPS lockstep train steps, checkpoints, and writes as JSON to OUT what it held: digests of
 the algorithm state after the restore and after every step, the version after every step, and
-digests of its replay shard, seq table and limiter, and why it refused to change the lr.
+digests of its replay shard, seq table and limiter, and why it refused to change the algorithm's lr.
 """
 
 from __future__ import annotations
@@ -18,10 +18,20 @@ import torch
 
 from actorlearner import wire
 from actorlearner.algorithms.dqn import DQNConfig
+from actorlearner.algorithms.sac import SACConfig
+from actorlearner.algorithms.td3 import TD3Config
 from actorlearner.config import LearnerConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.parameters import ParameterError
 from actorlearner.v1 import learner_pb2 as pb
+
+
+SETTINGS = {
+    "dqn": dict(env="CartPole-v1", algorithm_config=DQNConfig(hidden_sizes=(32, 32), target_update_period=7)),
+    "sac": dict(env="Pendulum-v1", algorithm="sac", algorithm_config=SACConfig(hidden_sizes=(32, 32))),
+    "td3": dict(env="Pendulum-v1", algorithm="td3", algorithm_config=TD3Config(hidden_sizes=(32, 32))),
+}
+"""Each algorithm's env and small networks."""
 
 
 def digest(state: dict) -> str:
@@ -52,11 +62,11 @@ def shard(learner: Learner) -> dict:
             "seq_table": dict(learner._seq_table), "limiter": learner.limiter.state_dict()}
 
 
-def main(rank: int, world: int, address: str, checkpoint_dir: str, steps: int, out: str) -> None:
-    config = LearnerConfig(env="CartPole-v1", device="cpu", replay_capacity=4096, min_replay_size=64, batch_size=32,
+def main(rank: int, world: int, address: str, checkpoint_dir: str, steps: int, out: str, algorithm: str) -> None:
+    config = LearnerConfig(device="cpu", replay_capacity=4096, min_replay_size=64, batch_size=32,
                            rate_error_buffer=1e6, publish_every=5, eval_every=0, checkpoint_dir=checkpoint_dir,
                            world_size=world, rank=rank, dist_address=address, dist_timeout=120,
-                           algorithm_config=DQNConfig(hidden_sizes=(32, 32), target_update_period=7))
+                           **SETTINGS[algorithm])
     learner = Learner(config)
     result = {"restored": {"algorithm": digest(learner.algorithm.state_dict()), "updates": learner.updates,
                            "version": learner.version, **shard(learner)}}
@@ -72,7 +82,7 @@ def main(rank: int, world: int, address: str, checkpoint_dir: str, steps: int, o
     result["saved"] = {"algorithm": digest(learner.algorithm.state_dict()), "updates": learner.updates,
                        "version": learner.version, **shard(learner)}
     try:
-        learner.set_parameters([("dqn-lr", "1e-4"), ("samples-per-insert", "4")])
+        learner.set_parameters([(f"{algorithm}-lr", "1e-4"), ("samples-per-insert", "4")])
     except ParameterError as exc:
         result["refused"] = str(exc)
     learner.set_parameters([("samples-per-insert", "4")])  # a shard's own pace may differ
@@ -82,5 +92,5 @@ def main(rank: int, world: int, address: str, checkpoint_dir: str, steps: int, o
 
 
 if __name__ == "__main__":
-    rank, world, address, checkpoint_dir, steps, out = sys.argv[1:]
-    main(int(rank), int(world), address, checkpoint_dir, int(steps), out)
+    rank, world, address, checkpoint_dir, steps, out, algorithm = sys.argv[1:]
+    main(int(rank), int(world), address, checkpoint_dir, int(steps), out, algorithm)

@@ -25,11 +25,12 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data_parallel
 STEPS = 12  # two target syncs and two published versions (publish_every 5)
 
 
-def run_world(checkpoint_dir, steps: int, tag: str) -> list[dict]:
+def run_world(checkpoint_dir, steps: int, tag: str, algorithm: str = "dqn") -> list[dict]:
     """Both ranks of a world of two as worker processes; what each wrote."""
     address = f"127.0.0.1:{free_port()}"
     outs = [str(checkpoint_dir.parent / f"{tag}-rank-{rank}.json") for rank in range(2)]
-    procs = [subprocess.Popen([sys.executable, WORKER, str(rank), "2", address, str(checkpoint_dir), str(steps), out],
+    procs = [subprocess.Popen([sys.executable, WORKER, str(rank), "2", address, str(checkpoint_dir), str(steps), out,
+                               algorithm],
                               env=CHILD_ENV, stderr=subprocess.PIPE, text=True) for rank, out in enumerate(outs)]
     for proc in procs:
         _, err = proc.communicate(timeout=300)
@@ -56,6 +57,15 @@ def test_two_ranks_hold_identical_parameters_after_every_step_and_publish_the_sa
     assert len({s["algorithm"] for s in rank0["steps"]}) == STEPS  # every step changed the parameters
     assert rank0["saved"]["replay"] != rank1["saved"]["replay"]  # each trained on its own shard
     assert rank0["saved"]["seq_table"] == {"rank-0": 4} and rank1["saved"]["seq_table"] == {"rank-1": 4}
+
+
+@pytest.mark.parametrize("algorithm", ["sac", "td3"])
+def test_every_optimizer_of_an_algorithm_averages_its_gradients(tmp_path, algorithm):
+    """SAC: actor, critic and temperature optimizers, its own noise generator; TD3: delayed actor updates."""
+    rank0, rank1 = run_world(tmp_path / "checkpoints", 6, algorithm, algorithm)
+    assert rank0["steps"] == rank1["steps"]
+    assert len({s["algorithm"] for s in rank0["steps"]}) == 6
+    assert rank0["saved"]["replay"] != rank1["saved"]["replay"]
 
 
 def test_runtime_changes_that_would_part_the_ranks_are_refused(first_world):
