@@ -274,3 +274,29 @@ def test_actor_processes_behind_a_relay_process_train_and_follow_the_policy():
     finally:
         codes = stop(*actors, relay, learner)
     assert codes[2:] == [0, 0]
+
+
+def test_an_actor_that_moves_from_a_relay_to_the_learner_resends_and_nothing_is_stored_twice():
+    """Its batches stored but their acks held between the relay and the actor, the actor's next
+    connection goes straight to the learner: it resends its window, acked as duplicates."""
+    learner = make_learner()
+    with serve_learner(learner, "127.0.0.1", 0) as port, relay_at(port, "first-hop") as (_, relay_port):
+        network = TcpProxy(relay_port)
+        link = link_to(network.port, learner, "mover")
+        try:
+            send(link, learner, range(1, 11))
+            assert link.flush(timeout=60)
+            network.stall(up_after=None, down_after=0)
+            send(link, learner, range(11, 15))
+            wait_until(lambda: learner.inserted_batches == 14, 60, "the learner to store the held batches")
+            network.target_port = port  # the next connection reaches the learner itself
+            network.cut()
+            network.resume()
+            send(link, learner, range(15, 21))
+            assert link.flush(timeout=60), f"{link.unacked} batches never acked"
+            mover = by_id(learner.status())["mover"]
+            assert mover.via == "" and mover.connected and mover.duplicates == 4 and mover.inserted == 20
+        finally:
+            link.close()
+            network.close()
+    stored_once(learner, 20)

@@ -622,7 +622,7 @@ class Learner:
         """What the learner exposes to Prometheus, read at each scrape."""
         with self._actors_lock:
             records = list(self._actors.values())
-        connected = [r for r in records if r.connected]
+        connected = [r for r in records if r.connected and not r.relay]  # actors behind relays count, relays not
         return [
             Metric("policy_version", "Newest published policy version.", self.version),
             Metric("updates_total", "Training updates.", self.updates, counter=True),
