@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -83,6 +84,20 @@ def test_a_resumed_world_restores_the_parameters_and_each_rank_its_own_shard(fir
         assert after["restored"]["updates"] == STEPS and after["restored"]["size"] == 4 * 32
     assert resumed[0]["steps"] == resumed[1]["steps"]
     assert resumed[0]["steps"][-1]["updates"] == STEPS + 3
+
+
+def test_a_world_resumes_at_the_newest_step_every_rank_has(tmp_path):
+    """A save cut short on rank 1 (its newest checkpoint gone): both ranks resume at the step before, and
+    rank 0 moves its newer one aside."""
+    checkpoint_dir = tmp_path / "checkpoints"
+    first = run_world(checkpoint_dir, 4, "first")
+    run_world(checkpoint_dir, 2, "second")
+    shutil.rmtree(checkpoint_dir / "rank-1" / f"ckpt-{6:012d}")
+    third = run_world(checkpoint_dir, 1, "third")
+    for before, after in zip(first, third):
+        assert after["restored"] == before["saved"]
+    kept = sorted(path.name for path in (checkpoint_dir / "rank-0").iterdir())
+    assert kept == [f"ckpt-{4:012d}", f"ckpt-{5:012d}", f"ckpt-{6:012d}.ahead"]  # 5: the third world's save
 
 
 def test_a_checkpoint_of_two_ranks_refuses_a_world_of_one(first_world):

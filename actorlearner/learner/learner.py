@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -591,13 +592,19 @@ class Learner:
         if low < 0:
             raise ValueError(f"some ranks have checkpoints (up to step {high}) and some none: a data-parallel "
                              "learner resumes only with every rank's checkpoint_dir/rank-R")
-        logger.warning("rank %d: resuming from checkpoint %d, the newest every rank has, not %d",
-                       self.world.rank, low, step)
+        logger.warning("rank %d: resuming from checkpoint %d, the newest every rank has, not %d; newer ones "
+                       "moved aside to ckpt-N.ahead", self.world.rank, low, step)
         try:
-            return self.checkpoints.load(self.checkpoints.directory / f"ckpt-{low:012d}")
+            found = self.checkpoints.load(self.checkpoints.directory / f"ckpt-{low:012d}")
         except (CheckpointError, OSError) as exc:
             raise ValueError(f"rank {self.world.rank}: checkpoint {low}, the newest every rank has, is unusable "
                              f"here: {exc}") from None
+        for newer, path in self.checkpoints.checkpoints():
+            if newer > low:  # never to be resumed by this world: out of the way of later resumes and pruning
+                aside = path.with_name(path.name + ".ahead")
+                shutil.rmtree(aside, ignore_errors=True)
+                path.rename(aside)
+        return found
 
     def status(self) -> pb.StatusResponse:
         """A snapshot for GetStatus: the learner and every actor seen within ``actor_ttl``."""
