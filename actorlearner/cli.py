@@ -205,7 +205,7 @@ def relay_command(config: cfg.RelayConfig) -> int:
     stop = threading.Event()
     on_signals(stop.set)
     health = Health()
-    with serve(config, health) as (relay, port):
+    with serve(config, health) as (relay, port), _metrics(config.host, config.metrics_port, relay.metrics):
         print(f"relay listening on {config.host}:{port}", flush=True)
         while not stop.wait(1.0) and not relay.failed.is_set():
             health.set(relay.up)

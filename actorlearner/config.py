@@ -213,6 +213,8 @@ class RelayConfig:
     """First delay in seconds before reconnecting upstream; doubles with jitter up to reconnect_max."""
     reconnect_max: float = 5.0
     """Longest delay in seconds before reconnecting upstream."""
+    metrics_port: int = 0
+    """Prometheus /metrics port, on host; 0 disables it."""
     security: SecurityConfig = field(default_factory=SecurityConfig, metadata={"flatten": True})
     """Bearer token and TLS, for the relay's own port and for its stream upstream alike."""
 

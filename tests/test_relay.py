@@ -25,6 +25,7 @@ from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 from procs import CHILD_ENV, FAST_LEARNER, free_port, start_actor, start_learner, status, stop, wait_until
 from tcp_proxy import TcpProxy
 from test_exactly_once import BATCH, batch_for, make_hello
+from test_operability import scrape
 
 TOKEN = "relay-test-token"
 
@@ -253,7 +254,8 @@ def test_exactly_once_through_cuts_on_both_sides_and_a_relay_killed_and_restarte
 
 def test_actor_processes_behind_a_relay_process_train_and_follow_the_policy():
     learner, port = start_learner(*FAST_LEARNER, "--num-actors", "2")
-    relay, relay_port = start_relay(port, "trainer-relay")
+    metrics_port = free_port()
+    relay, relay_port = start_relay(port, "trainer-relay", "--metrics-port", str(metrics_port))
     actors = [start_actor(relay_port, f"relayed-{i}", "--seed", str(i)) for i in range(2)]
     try:
         def caught_up():
@@ -270,6 +272,9 @@ def test_actor_processes_behind_a_relay_process_train_and_follow_the_policy():
         at_relay = relay_status(relay_port)
         assert sorted(a.actor_id for a in at_relay.actors) == ["relayed-0", "relayed-1"]
         assert at_relay.learner_id == s.learner_id and at_relay.policy_version >= 10
+        scraped = scrape(metrics_port)
+        assert scraped["actorlearner_relay_upstream_connected"] == 1 and scraped["actorlearner_connected_actors"] == 2
+        assert scraped["actorlearner_relay_acks_total"] > 0 and scraped["actorlearner_policy_version"] >= 10
         assert stop(*actors) == [0, 0]  # they flushed their windows through the relay
     finally:
         codes = stop(*actors, relay, learner)

@@ -28,6 +28,7 @@ from actorlearner import wire
 from actorlearner.actor.link import FATAL_CODES
 from actorlearner.config import RelayConfig
 from actorlearner.learner.broadcast import PolicyBroadcast
+from actorlearner.metrics import Metric
 from actorlearner.telemetry import RateMeter
 from actorlearner.transport import grpc_options, open_channel
 from actorlearner.v1 import learner_pb2 as pb
@@ -109,6 +110,7 @@ class Relay:
         self.error: RelayError | None = None
         self.failed = threading.Event()
         self.connects = 0  # upstream streams welcomed
+        self.acked = 0  # batches the learner acked to the relay's actors, duplicates included
         self._requests: queue.Queue | None = None
         self._awaited_version: int | None = None  # welcomed; up once this version is held
         self._closing = threading.Event()
@@ -228,6 +230,7 @@ class Relay:
             if kind == "refusal":  # the learner drops what the actor sent before it: forward no more
                 del self.routes[message.actor_id]
             elif kind == "ack":
+                self.acked += 1
                 n = route.sizes.pop(message.ack.seq, 0)
                 if message.ack.reason == "duplicate":
                     route.duplicates += 1
@@ -351,6 +354,22 @@ class Relay:
         actors += [pb.ActorStatus(actor_id=s.actor_id, policy_version=s.sent_version,
                                   lag=max(0, version - s.sent_version), connected=True, relay=True) for s in relays]
         return pb.StatusResponse(policy_version=version, learner_id=learner_id, actors=actors)
+
+
+    def metrics(self) -> list[Metric]:
+        """What the relay exposes to Prometheus, read at each scrape."""
+        version = self.broadcast.version
+        with self.lock:
+            lags = {actor_id: max(0, version - r.policy_version) for actor_id, r in self.routes.items()}
+        return [
+            Metric("relay_upstream_connected", "1 while the stream to the upstream is up and welcomed.", int(self.up)),
+            Metric("relay_upstream_connects_total", "Upstream streams welcomed.", self.connects, counter=True),
+            Metric("policy_version", "Newest policy version the relay holds.", version),
+            Metric("connected_actors", "Actors behind the relay (directly or through relays below it).", len(lags)),
+            Metric("relay_acks_total", "Acks passed on to the relay's actors, duplicates included.", self.acked,
+                   counter=True),
+            Metric("actor_lag", "Relay version minus the version each actor reported running.", lags),
+        ]
 
 
 def _drain(requests: queue.Queue):
