@@ -25,7 +25,7 @@ from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 from procs import CHILD_ENV, FAST_LEARNER, free_port, start_actor, start_learner, status, stop, wait_until
 from tcp_proxy import TcpProxy
 from test_exactly_once import BATCH, batch_for, make_hello
-from test_operability import scrape
+from test_operability import health, scrape
 
 TOKEN = "relay-test-token"
 
@@ -272,6 +272,7 @@ def test_actor_processes_behind_a_relay_process_train_and_follow_the_policy():
         at_relay = relay_status(relay_port)
         assert sorted(a.actor_id for a in at_relay.actors) == ["relayed-0", "relayed-1"]
         assert at_relay.learner_id == s.learner_id and at_relay.policy_version >= 10
+        assert health(relay_port) == "SERVING"
         scraped = scrape(metrics_port)
         assert scraped["actorlearner_relay_upstream_connected"] == 1 and scraped["actorlearner_connected_actors"] == 2
         assert scraped["actorlearner_relay_acks_total"] > 0 and scraped["actorlearner_policy_version"] >= 10
@@ -305,3 +306,19 @@ def test_an_actor_that_moves_from_a_relay_to_the_learner_resends_and_nothing_is_
             link.close()
             network.close()
     stored_once(learner, 20)
+
+
+@pytest.mark.parametrize("through_relay", [False, True])
+def test_actor_id_on_an_actors_own_stream_is_invalid_argument(through_relay):
+    learner = make_learner()
+    with serve_learner(learner, "127.0.0.1", 0) as port, relay_at(port, "strict") as (_, relay_port):
+        hello = make_hello(learner, "impostor")
+        batch = pb.ActorMessage.FromString(batch_for(learner, 1))
+        batch.actor_id = "someone-else"
+        with grpc.insecure_channel(f"127.0.0.1:{relay_port if through_relay else port}") as channel:
+            stream = pb_grpc.LearnerStub(channel).Connect(iter([pb.ActorMessage(hello=hello), batch]), timeout=30)
+            with pytest.raises(grpc.RpcError) as ended:
+                for _ in stream:
+                    pass
+        assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "relay" in ended.value.details()
+        assert learner.inserted_batches == 0
