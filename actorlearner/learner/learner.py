@@ -563,8 +563,9 @@ class Learner:
             return
         step, parts = found
         state = parts["learner"]
-        if int(state.get("world_size", 1)) != self.world.size:
-            raise ValueError(f"checkpoint {step} in {self.checkpoints.directory} was written by {state.get('world_size', 1)} "
+        written_by = int(state.get("world_size", 1))
+        if written_by != self.world.size:
+            raise ValueError(f"checkpoint {step} in {self.checkpoints.directory} was written by {written_by} "
                              f"data-parallel learners; resume it with that world_size, not {self.world.size}")
         if state.get("parameters"):  # first: the optimizer state and replay priorities load into the tuned parts
             try:
