@@ -122,7 +122,10 @@ class LearnerService(pb_grpc.LearnerServicer):
         session.broadcast.listen(session.wake)
         if onnx:
             self.learner.onnx_feed.subscribe()
-        logger.info("actor %s connected (index %d)", session.actor_id, session.stream.record.index)
+        if session.relay:
+            logger.info("relay %s connected", session.actor_id)
+        else:
+            logger.info("actor %s connected (index %d)", session.actor_id, session.stream.record.index)
         threading.Thread(target=self._read, args=(request_iterator, session), daemon=True,
                          name=f"read-{session.actor_id}").start()
         try:
