@@ -221,9 +221,12 @@ def run_command(config: cfg.RunConfig) -> int:
     from actorlearner.learner.learner import Learner
     from actorlearner.learner.server import serve
 
+    if config.learner.world_size > 1:
+        logger.error("run trains one learner; data-parallel ones are 'actorlearner learner --world-size N' each")
+        return 2
     run_dir = config.run_dir or new_run_dir(config.learner)
     learner_config = dataclasses.replace(
-        config.learner, host="127.0.0.1", port=0, num_actors=config.actors,
+        config.learner, host="127.0.0.1", port=0, num_actors=config.actors, world_size=1,  # WORLD_SIZE set or not
         checkpoint_dir=config.learner.checkpoint_dir or os.path.join(run_dir, "checkpoints"),
         logdir=config.learner.logdir or os.path.join(run_dir, "tb"))
     learner = _start_learner(Learner, learner_config)
