@@ -322,3 +322,22 @@ def test_actor_id_on_an_actors_own_stream_is_invalid_argument(through_relay):
                     pass
         assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "relay" in ended.value.details()
         assert learner.inserted_batches == 0
+
+
+def test_a_message_over_the_learners_limit_ends_that_actors_stream_at_the_relay_alone():
+    learner = make_learner(max_message_bytes=1 << 20)
+    with serve_learner(learner, "127.0.0.1", 0) as port, relay_at(port, "guard") as (relay, relay_port):
+        big = wire.encode_batch_message(1, 0, BATCH, b"x" * (2 << 20), wire.Codec.MSGPACK)
+        with grpc.insecure_channel(f"127.0.0.1:{relay_port}") as channel:
+            stream = pb_grpc.LearnerStub(channel).Connect(
+                iter([pb.ActorMessage(hello=make_hello(learner, "oversized")), pb.ActorMessage.FromString(big)]),
+                timeout=30)
+            with pytest.raises(grpc.RpcError) as ended:
+                for _ in stream:
+                    pass
+        assert ended.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_message_bytes" in ended.value.details()
+        good = link_to(relay_port, learner, "good")
+        send(good, learner, range(1, 4))
+        assert good.flush(timeout=60)
+        good.close()
+        assert relay.connects == 1 and learner.inserted_batches == 3

@@ -162,7 +162,8 @@ class Relay:
         """Pass a downstream message up (WireError for one its stream may not send).
 
         Waits while the stream has as many batches in flight as its actors' windows allow:
-        gRPC flow control then holds the actor, as a busy learner would.
+        gRPC flow control then holds the actor, as a busy learner would. A message larger than the
+        learner accepts ends this stream alone (RESOURCE_EXHAUSTED), as it would end the actor's own.
         """
         kind = message.WhichOneof("kind")
         if not session.relay:
@@ -183,6 +184,10 @@ class Relay:
             return
         if kind not in ("batch", "episode_stats"):
             raise wire.WireError("empty ActorMessage")
+        size, limit = message.ByteSize(), self.welcome.settings.max_message_bytes
+        if limit and size > limit:  # the learner would end the relay's stream, for every actor on it
+            raise wire.WireError(f"a {size}-byte message is over the learner's max_message_bytes ({limit})",
+                                 "RESOURCE_EXHAUSTED")
         if kind == "batch":
             limit = self.max_unacked * (self.config.max_streams if session.relay else 1)
             with session.cond:
