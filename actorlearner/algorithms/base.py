@@ -74,6 +74,13 @@ class Algorithm(Protocol):
     set``): they must not shape the networks or the replay items. The learner and each actor
     then call the optional ``retune(config)`` with the new config (without it, ``config`` is
     simply replaced); it applies what the algorithm keeps elsewhere, such as an optimizer's lr.
+
+    Data-parallel learners (``--world-size``) average the gradients before every step of each
+    ``torch.optim.Optimizer`` the algorithm owns: its attributes that are one, and those the
+    optional ``optimizers()`` returns (name -> optimizer); an optimizer kept anywhere else must
+    be named there. `update` must step the same optimizers on every rank (decided by counters,
+    not by the sample) and change state outside them only from the state itself (target copies,
+    Polyak averaging), never from the sample: batch-norm statistics would part the ranks.
     """
 
     name: ClassVar[str]
