@@ -32,13 +32,15 @@ class TrainedPolicy:
 
 def load_trained(path: str | os.PathLike[str], env: str = "") -> TrainedPolicy:
     """The policy of the checkpoint at ``path``: a run directory (its ``checkpoints/``), a checkpoint
-    directory (its newest usable checkpoint) or one checkpoint. ``env`` replaces the env it was
+    directory (its newest usable checkpoint; data-parallel, rank 0's) or one checkpoint. ``env`` replaces the env it was
     trained on (it must have the same spaces). Raises CheckpointError for anything unusable."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path} does not exist")
     if (path / "checkpoints").is_dir():
         path = path / "checkpoints"
+    if (path / "rank-0").is_dir():  # data-parallel learners': every rank holds the same networks
+        path = path / "rank-0"
     source, parts = read_checkpoint(path)
     run = parts.get("run")
     if not run or "algorithm" not in parts:

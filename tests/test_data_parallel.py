@@ -18,6 +18,7 @@ from actorlearner.config import LearnerConfig
 from actorlearner.learner.checkpoint import CheckpointStore
 from actorlearner.learner.distributed import World, local_device, resolve_world
 from actorlearner.learner.learner import Learner
+from actorlearner.trained import load_trained
 from procs import CHILD_ENV, FAST_LEARNER, free_port, start_actor, status, stop, wait_until
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,12 @@ def test_a_world_resumes_at_the_newest_step_every_rank_has(tmp_path):
         assert after["restored"] == before["saved"]
     kept = sorted(path.name for path in (checkpoint_dir / "rank-0").iterdir())
     assert kept == [f"ckpt-{4:012d}", f"ckpt-{5:012d}", f"ckpt-{6:012d}.ahead"]  # 5: the third world's save
+
+
+def test_eval_and_export_read_a_worlds_checkpoint_dir_through_rank_0(first_world):
+    checkpoint_dir, _ = first_world
+    trained = load_trained(checkpoint_dir)
+    assert trained.source.parent.name == "rank-0" and trained.algorithm == "dqn"
 
 
 def test_a_checkpoint_of_two_ranks_refuses_a_world_of_one(first_world):
