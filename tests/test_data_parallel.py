@@ -132,6 +132,13 @@ def test_the_world_comes_from_the_options_else_from_torchrun_and_kubernetes_vari
         resolve_world(0, -1, "", {"WORLD_SIZE": "two"})
 
 
+def test_a_learner_with_a_rank_outside_its_world_exits_2_with_one_line():
+    done = subprocess.run([sys.executable, "-m", "actorlearner", "learner", "--world-size", "2", "--rank", "2",
+                           "--dist-address", "127.0.0.1:1"], capture_output=True, text=True, timeout=120, env=CHILD_ENV)
+    assert done.returncode == 2 and "cannot start the learner: rank must be in [0, 2), got 2" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_ranks_sharing_a_host_take_the_gpu_of_their_local_rank():
     assert local_device(torch.device("cuda"), {"LOCAL_RANK": "3"}) == torch.device("cuda", 3)
     assert local_device(torch.device("cuda"), {}) == torch.device("cuda", 0)
