@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -25,6 +26,7 @@ import yaml
 
 from actorlearner import config as cfg
 from actorlearner.algorithms import resolve
+from actorlearner.learner.distributed import World, resolve_world
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -39,8 +41,13 @@ TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
     "dev": ("overlays/dev", ()),
     "gpu": ("overlays/gpu", ()),
     "remote-env": ("overlays/remote-env", ()),
+    "relays": ("overlays/relays", ()),
+    "data-parallel": ("overlays/data-parallel", ()),
     "dev+tls": ("overlays/dev", ("components/tls",)),
     "gpu+remote-env+tls": ("overlays/gpu", ("components/remote-env", "components/tls")),
+    "relays+tls": ("overlays/relays", ("components/tls",)),
+    "dev+relay+remote-env": ("overlays/dev", ("components/relay", "components/remote-env")),
+    "data-parallel+remote-env+tls": ("overlays/data-parallel", ("components/remote-env", "components/tls")),
 }
 
 METRICS_PORT = 9100
@@ -53,7 +60,7 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 
 
 CONFIG_CLASSES = {"learner": cfg.LearnerConfig, "actor": cfg.ActorConfig, "run": cfg.RunConfig,
-                  "env-server": cfg.EnvServerConfig}
+                  "env-server": cfg.EnvServerConfig, "relay": cfg.RelayConfig}
 
 
 # ---------------------------------------------------------------------------------------
@@ -343,6 +350,72 @@ def uses_tls(docs: list[dict], workload: dict, container: dict) -> bool:
     return raw_setting(docs, workload, container, "tls_cert") is not None
 
 
+def learner_world(docs: list[dict], ordinal: int = 0) -> World:
+    """The data-parallel world the learner pod with this ordinal resolves (the learner's own code)."""
+    learner = the(docs, "learner")
+    c = main_container(learner)
+    config = effective_config(docs, learner, c)
+    environ = env_values(docs, learner, c) | {"HOSTNAME": f"{learner['metadata']['name']}-{ordinal}"}
+    return resolve_world(config.world_size, config.rank, config.dist_address, environ)
+
+
+def resolve_address(docs: list[dict], address: str) -> tuple[dict, int | None]:
+    """The workload a HOST:PORT gRPC address reaches, and the StatefulSet ordinal when it names one
+    pod (POD.HEADLESS-SERVICE); the port must be the Service's and the pod's "grpc" port."""
+    host, _, port = address.rpartition(":")
+    labels = host.split(".")
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    ordinal = None
+    if labels[0] in services:
+        svc = services[labels[0]]
+    else:
+        assert len(labels) > 1 and labels[1] in services, f"{host} names no Service, nor a pod of one"
+        svc = services[labels[1]]
+        assert svc["spec"].get("clusterIP") == "None", f"{host}: pod names need a headless Service"
+        governed = [w for w in workloads(docs)
+                    if w["kind"] == "StatefulSet" and w["spec"].get("serviceName") == labels[1]]
+        assert governed, f"{host}: Service {labels[1]} governs no StatefulSet, so its pods have no names"
+        match = re.fullmatch(re.escape(governed[0]["metadata"]["name"]) + r"-(\d+)", labels[0])
+        assert match, f"{host} names no pod of StatefulSet {governed[0]['metadata']['name']}"
+        ordinal = int(match.group(1))
+        assert ordinal < governed[0]["spec"]["replicas"], f"{host}: no such pod"
+    targets = [w for w in workloads(docs) if selects(svc["spec"]["selector"], pod_labels(w))]
+    assert len(targets) == 1, f"{host}: Service {svc['metadata']['name']} selects {len(targets)} workloads"
+    grpc = [p["port"] for p in svc["spec"]["ports"] if p["name"] == "grpc"]
+    assert grpc and int(port) == grpc[0] == container_ports(main_container(targets[0]))["grpc"], (
+        f"{address}: not the gRPC port of Service {svc['metadata']['name']} and its pods")
+    return targets[0], ordinal
+
+
+def upstream_address(docs: list[dict], workload: dict) -> str:
+    """Where an actor streams to (its learner setting) or a relay (its upstream)."""
+    c = main_container(workload)
+    return setting(docs, workload, c, {"actor": "learner", "relay": "upstream"}[subcommand(c)])
+
+
+def dial_chain(docs: list[dict], workload: dict) -> list[tuple[dict, int | None]]:
+    """The hops from an actor (or relay) to the learner: relays, then the learner and its ordinal."""
+    hops = []
+    while not hops or component(hops[-1][0]) == "relay":
+        assert len(hops) < 8, "relays dial each other in a loop"
+        hops.append(resolve_address(docs, upstream_address(docs, hops[-1][0] if hops else workload)))
+    return hops
+
+
+def peers_for(docs: list[dict], workload: dict, port_name: str) -> list[dict | None]:
+    """The 'from' peers that may reach a workload's named port; None entries mean anyone."""
+    number = container_ports(main_container(workload))[port_name]
+    out = []
+    for policy in (d for d in docs if d["kind"] == "NetworkPolicy"):
+        if not selects(policy["spec"]["podSelector"], pod_labels(workload)):
+            continue
+        for rule in policy["spec"].get("ingress", []):
+            ports = rule.get("ports")
+            if ports is None or any(p.get("port") in (port_name, number) for p in ports):
+                out += rule.get("from") or [None]
+    return out
+
+
 # ---------------------------------------------------------------------------------------
 # Invariants
 # ---------------------------------------------------------------------------------------
@@ -359,6 +432,20 @@ def test_components_and_labels(docs):
         assert selects(w["spec"]["selector"], pod_labels(w))
         assert pod_labels(w).get(LABEL_COMPONENT) == component(w)
         assert pod_labels(w).get(LABEL_NAME) == "actorlearner"
+        # two controllers selecting the same pods fight over them
+        others = [o for o in workloads(docs) if o is not w and selects(o["spec"]["selector"], pod_labels(w))]
+        assert not others, f"{w['metadata']['name']}'s pods are selected by {others[0]['metadata']['name']} too"
+
+
+def test_images_carry_the_base_tag(docs):
+    """The base's `images` entry tags only the base's resources: what components and overlays add
+    must carry the same tag (the CUDA build of it for a GPU learner)."""
+    tag = next(i["newTag"] for i in yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())["images"]
+               if i["name"] == "actorlearner")
+    for w in workloads(docs):
+        for c in containers(w):
+            name, _, found = c["image"].rpartition(":")
+            assert name and found in (tag, f"{tag}-cuda"), f"{w['metadata']['name']}: image {c['image']}, not tag {tag}"
 
 
 def test_probes_are_grpc_on_the_grpc_or_health_port(docs):
@@ -436,14 +523,16 @@ def test_services_select_pods_and_target_their_ports(docs):
 
 def test_learner_statefulset_service_and_pdb(docs):
     learner = the(docs, "learner")
-    assert learner["kind"] == "StatefulSet" and learner["spec"]["replicas"] == 1
+    # one pod per data-parallel rank (one learner unless WORLD_SIZE says otherwise)
+    assert learner["kind"] == "StatefulSet" and learner["spec"]["replicas"] == learner_world(docs).size
     governing = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == learner["spec"]["serviceName"]]
     assert governing and selects(governing[0]["spec"]["selector"], pod_labels(learner))
     pdbs = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
     assert any(selects(p["spec"]["selector"], pod_labels(learner)) for p in pdbs), "no PDB for the learner"
     # room for draining the streams and writing the final checkpoint
     assert pod_spec(learner)["terminationGracePeriodSeconds"] >= 60
-    assert pod_spec(the(docs, "actor"))["terminationGracePeriodSeconds"] >= 10
+    for w in by_component(docs, "actor") + by_component(docs, "relay"):
+        assert pod_spec(w)["terminationGracePeriodSeconds"] >= 10
 
 
 def test_learner_ports_and_settings(docs):
@@ -468,23 +557,28 @@ def test_learner_checkpoints_on_its_volume(docs):
 
 
 def test_actor_ports_and_settings(docs):
-    actor = the(docs, "actor")
-    c = main_container(actor)
-    ports = container_ports(c)
-    assert subcommand(c) == "actor"
-    assert "grpc" not in ports
-    assert setting(docs, actor, c, "health_port") == ports["health"] == ACTOR_HEALTH_PORT
-    assert setting(docs, actor, c, "metrics_port") == ports["metrics"] == METRICS_PORT
-    assert setting(docs, actor, c, "actor_id") == "<metadata.name>", "actor id should be the pod name"
+    assert by_component(docs, "actor")
+    for actor in by_component(docs, "actor"):
+        c = main_container(actor)
+        ports = container_ports(c)
+        assert subcommand(c) == "actor"
+        assert "grpc" not in ports
+        assert setting(docs, actor, c, "health_port") == ports["health"] == ACTOR_HEALTH_PORT
+        assert setting(docs, actor, c, "metrics_port") == ports["metrics"] == METRICS_PORT
+        assert setting(docs, actor, c, "actor_id") == "<metadata.name>", "actor id should be the pod name"
 
 
-def test_actors_dial_the_learner_service(docs):
-    actor, learner = the(docs, "actor"), the(docs, "learner")
-    host, _, port = setting(docs, actor, main_container(actor), "learner").rpartition(":")
-    svc = service_named(docs, host)
-    assert selects(svc["spec"]["selector"], pod_labels(learner))
-    assert int(port) in [p["port"] for p in svc["spec"]["ports"] if p["name"] == "grpc"]
-    assert int(port) == container_ports(main_container(learner))["grpc"]
+def test_actors_reach_the_learner(docs):
+    """Actors dial the learner's Service (or one rank's pod by name), or a relay Service whose
+    relays dial the learner in turn."""
+    learner = the(docs, "learner")
+    size = learner_world(docs).size
+    for w in by_component(docs, "actor") + by_component(docs, "relay"):
+        hops = dial_chain(docs, w)
+        assert hops[-1][0] is learner, f"{w['metadata']['name']} does not reach the learner"
+        assert all(component(h) == "relay" for h, _ in hops[:-1])
+        if size > 1:  # the headless Service would resolve to any rank
+            assert hops[-1][1] is not None, f"{w['metadata']['name']}: with {size} ranks, dial one rank's pod"
 
 
 def service_named(docs: list[dict], host: str) -> dict:
@@ -496,13 +590,19 @@ def service_named(docs: list[dict], host: str) -> dict:
 
 
 def test_learner_and_actors_run_the_same_env(docs):
-    learner, actor = the(docs, "learner"), the(docs, "actor")
-    assert setting(docs, learner, main_container(learner), "env") == setting(docs, actor, main_container(actor), "env")
+    learner = the(docs, "learner")
+    for actor in by_component(docs, "actor"):
+        assert setting(docs, learner, main_container(learner), "env") == setting(docs, actor, main_container(actor), "env")
 
 
 def test_num_actors_matches_actor_replicas(docs):
-    learner, actor = the(docs, "learner"), the(docs, "actor")
-    assert setting(docs, learner, main_container(learner), "num_actors") == actor["spec"]["replicas"]
+    """Every rank gives exploration indices to the actors that reach it, through relays too."""
+    learner = the(docs, "learner")
+    size = learner_world(docs).size
+    per_rank = [0] * size
+    for actor in by_component(docs, "actor"):
+        per_rank[dial_chain(docs, actor)[-1][1] or 0] += actor["spec"]["replicas"]
+    assert per_rank == [setting(docs, learner, main_container(learner), "num_actors")] * size
 
 
 def test_settings_are_known_options(docs):
@@ -554,35 +654,34 @@ def test_network_policies(docs):
                     assert any(selects(peer["podSelector"], pod_labels(w)) for w in workloads(docs)), (
                         f"{policy['metadata']['name']}: a from.podSelector matches no pods")
 
-    def peers_for(workload: dict, port_name: str) -> list[dict]:
-        """The 'from' peers that may reach a workload's named port; None entries mean anyone."""
-        number = container_ports(main_container(workload))[port_name]
-        out = []
-        for policy in policies:
-            if not selects(policy["spec"]["podSelector"], pod_labels(workload)):
-                continue
-            for rule in policy["spec"].get("ingress", []):
-                ports = rule.get("ports")
-                if ports is None or any(p.get("port") in (port_name, number) for p in ports):
-                    out += rule.get("from") or [None]
-        return out
-
-    actor_labels = pod_labels(the(docs, "actor"))
-    learner_labels = pod_labels(the(docs, "learner"))
+    # who dials whose gRPC port: actors and relays their upstreams, the ranks of a data-parallel
+    # learner each other, actors and the learner (evaluation) the env servers of a grpc:// env
+    clients: dict[str, set[str]] = {}
+    for w in by_component(docs, "actor") + by_component(docs, "relay"):
+        clients.setdefault(component(resolve_address(docs, upstream_address(docs, w))[0]), set()).add(component(w))
+    if learner_world(docs).size > 1:
+        clients["learner"].add("learner")
+    if by_component(docs, "env-server"):
+        clients["env-server"] = {"actor", "learner"}
     for w in workloads(docs):
         if "grpc" not in container_ports(main_container(w)):
             continue
-        peers = peers_for(w, "grpc")
+        peers = peers_for(docs, w, "grpc")
         assert peers, f"{component(w)}: no NetworkPolicy lets anything reach its gRPC port"
-        allowed_clients = [actor_labels] if component(w) == "learner" else [actor_labels, learner_labels]
+        allowed = [o for o in workloads(docs) if component(o) in clients.get(component(w), set())]
         for peer in peers:
             assert peer is not None and set(peer) == {"podSelector"}, f"{component(w)} gRPC open too wide: {peer}"
-            assert any(selects(peer["podSelector"], labels) for labels in allowed_clients)
-        assert any(selects(p["podSelector"], actor_labels) for p in peers), f"actors cannot reach {component(w)}"
+            reached = [o for o in workloads(docs) if selects(peer["podSelector"], pod_labels(o))]
+            assert reached, f"{component(w)}: a peer selects no pods"
+            assert all(any(o is a for a in allowed) for o in reached), (
+                f"{component(w)} gRPC open to {[component(o) for o in reached]}, dialed by {clients.get(component(w))}")
+        for client in allowed:
+            assert any(selects(p["podSelector"], pod_labels(client)) for p in peers), (
+                f"{client['metadata']['name']} cannot reach {component(w)}")
     # the actors' own ports are closed but for metrics
-    actor = the(docs, "actor")
-    assert not peers_for(actor, "health"), "the actor health port is for the kubelet only"
-    assert peers_for(actor, "metrics")
+    for actor in by_component(docs, "actor"):
+        assert not peers_for(docs, actor, "health"), "the actor health port is for the kubelet only"
+        assert peers_for(docs, actor, "metrics")
 
 
 def test_secrets_referenced_not_committed(docs):
@@ -627,7 +726,7 @@ def test_gpu_overlay(target, docs):
 
 def test_remote_env(target, docs):
     servers = by_component(docs, "env-server")
-    learner, actor = the(docs, "learner"), the(docs, "actor")
+    learner, actor = the(docs, "learner"), by_component(docs, "actor")[0]  # actors agree: see above
     env = setting(docs, actor, main_container(actor), "env")
     if "remote-env" not in target:
         assert not servers and not env.startswith("grpc://")
@@ -649,6 +748,67 @@ def test_remote_env(target, docs):
     assert selects(svc["spec"]["selector"], pod_labels(server))
     svc_port = [p for p in svc["spec"]["ports"] if p["port"] == int(port)]
     assert svc_port and svc_port[0]["name"] == "grpc" and int(port) == ports["grpc"]
+
+
+def test_relays(target, docs):
+    relays = by_component(docs, "relay")
+    actors, learner = by_component(docs, "actor"), the(docs, "learner")
+    if "relay" not in target:
+        assert not relays
+        return
+    assert len(relays) == 1
+    relay = relays[0]
+    c = main_container(relay)
+    ports = container_ports(c)
+    assert subcommand(c) == "relay"
+    assert setting(docs, relay, c, "host") == "0.0.0.0"
+    assert setting(docs, relay, c, "port") == ports["grpc"] == cfg.RelayConfig().port
+    assert setting(docs, relay, c, "relay_id") == "<metadata.name>", "relay id should be the pod name"
+    # the relay streams to the learner's Service; the actors dial the relay Service, a virtual
+    # IP that spreads their streams over the relay pods
+    assert resolve_address(docs, setting(docs, relay, c, "upstream"))[0] is learner
+    for actor in actors:
+        address = setting(docs, actor, main_container(actor), "learner")
+        assert resolve_address(docs, address)[0] is relay
+        svc = service_named(docs, address.rpartition(":")[0])
+        assert selects(svc["spec"]["selector"], pod_labels(relay)) and svc["spec"].get("clusterIP") != "None"
+    # the learner's gRPC port takes the relays, no longer the actors
+    peers = peers_for(docs, learner, "grpc")
+    assert any(selects(p["podSelector"], pod_labels(relay)) for p in peers)
+    assert not any(selects(p["podSelector"], pod_labels(a)) for p in peers for a in actors)
+
+
+def test_data_parallel(target, docs):
+    learner = the(docs, "learner")
+    c = main_container(learner)
+    world = learner_world(docs)
+    if "data-parallel" not in target:
+        assert world.size == 1 and learner["spec"]["replicas"] == 1
+        return
+    replicas = learner["spec"]["replicas"]
+    assert replicas == world.size > 1
+    # the ranks block until all have joined: start them together
+    assert learner["spec"].get("podManagementPolicy") == "Parallel"
+    # each pod's rank is its ordinal, from HOSTNAME: no rank set for the whole StatefulSet
+    assert "RANK" not in env_values(docs, learner, c) and raw_setting(docs, learner, c, "rank") is None
+    assert [learner_world(docs, r).rank for r in range(replicas)] == list(range(replicas))
+    # rank 0's pod by name on the headless governing Service, at a port the Service and pod expose
+    headless = service_named(docs, learner["spec"]["serviceName"])
+    assert headless["spec"].get("clusterIP") == "None" and selects(headless["spec"]["selector"], pod_labels(learner))
+    host, _, port = world.address.rpartition(":")
+    assert host.split(".")[:2] == [f"{learner['metadata']['name']}-0", headless["metadata"]["name"]]
+    dist = [p for p in headless["spec"]["ports"] if p["port"] == int(port)]
+    assert dist and dist[0]["name"] == "dist" and container_ports(c)["dist"] == int(port)
+    # ranks reach each other on the rendezvous port and on the ports gloo/NCCL pick (any port)
+    peers = peers_for(docs, learner, "dist")
+    assert any(p is not None and selects(p["podSelector"], pod_labels(learner)) for p in peers)
+    assert any(rule.get("ports") is None and any(selects(p.get("podSelector", {"x": "x"}), pod_labels(learner))
+                                                 for p in rule.get("from", []))
+               for d in docs if d["kind"] == "NetworkPolicy" and selects(d["spec"]["podSelector"], pod_labels(learner))
+               for rule in d["spec"].get("ingress", [])), "gloo/NCCL connect on ephemeral ports between ranks"
+    # every rank has actors of its own
+    ranks = {dial_chain(docs, actor)[-1][1] for actor in by_component(docs, "actor")}
+    assert ranks == set(range(replicas))
 
 
 def test_docs_cover_the_overlays():
