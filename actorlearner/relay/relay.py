@@ -174,7 +174,8 @@ class Relay:
             if kind == "leave":
                 raise wire.WireError("Leave is only for a relay's stream")
             message.actor_id = session.actor_id
-        elif kind in ("hello", "leave"):
+        self.check_size(message)
+        if session.relay and kind in ("hello", "leave"):
             with self.lock:
                 route = self.routes.get(message.actor_id)
                 if kind == "hello" and session in self.sessions:
@@ -184,10 +185,6 @@ class Relay:
             return
         if kind not in ("batch", "episode_stats"):
             raise wire.WireError("empty ActorMessage")
-        size, limit = message.ByteSize(), self.welcome.settings.max_message_bytes
-        if limit and size > limit:  # the learner would end the relay's stream, for every actor on it
-            raise wire.WireError(f"a {size}-byte message is over the learner's max_message_bytes ({limit})",
-                                 "RESOURCE_EXHAUSTED")
         if kind == "batch":
             limit = self.max_unacked * (self.config.max_streams if session.relay else 1)
             with session.cond:
@@ -209,6 +206,14 @@ class Relay:
         if dropped and kind == "batch":  # the actor left or moved, or the upstream is down: it resends
             with session.cond:
                 session.in_flight -= 1
+
+    def check_size(self, message: pb.ActorMessage) -> None:
+        """WireError (RESOURCE_EXHAUSTED) for a message the learner would refuse as too large: it
+        would end the relay's stream, for every actor on it."""
+        size, limit = message.ByteSize(), self.welcome.settings.max_message_bytes if self.welcome else 0
+        if limit and size > limit:
+            raise wire.WireError(f"a {size}-byte message is over the learner's max_message_bytes ({limit})",
+                                 "RESOURCE_EXHAUSTED")
 
     def _join(self, session: Downstream, actor_id: str, hello: pb.Hello) -> None:
         """Under lock: route ``actor_id`` to ``session`` and forward its Hello (a direct actor's

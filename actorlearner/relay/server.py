@@ -16,6 +16,7 @@ from actorlearner.learner.onnx_feed import FORMAT as ONNX_FORMAT
 from actorlearner.learner.server import add_learner_service
 from actorlearner.relay.relay import Downstream, Relay
 from actorlearner.transport import add_port, auth_interceptors, grpc_options, open_channel
+from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,10 @@ class RelayService(pb_grpc.LearnerServicer):
         if hello.policy_format == ONNX_FORMAT:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "a relay sends state_dict policies only: "
                                                                "connect an ONNX actor to the learner itself")
+        try:
+            self.relay.check_size(pb.ActorMessage(actor_id=hello.actor_id, hello=hello))
+        except wire.WireError as exc:
+            context.abort(exc.status_code, str(exc))
         session = Downstream(hello)
         context.add_callback(session.close)
         if not self.relay.join(session):
