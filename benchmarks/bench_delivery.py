@@ -82,8 +82,9 @@ def client_process(addresses: list[str], hello_bytes: bytes, first_id: int, stre
                         connected.set()
                     elif kind == "ack":
                         credits.release()
-            except grpc.RpcError:
-                pass
+            except grpc.RpcError as exc:
+                if not stop.is_set():
+                    print(f"simulated actor {hello.actor_id}: {exc.code().name} {exc.details()}", file=sys.stderr)
 
     events = [threading.Event() for _ in range(streams)]
     logs: list[list] = [[] for _ in range(streams)]
@@ -99,7 +100,7 @@ def client_process(addresses: list[str], hello_bytes: bytes, first_id: int, stre
     deadline = time.monotonic() + 30
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
-    received.put(logs)
+    received.put([list(log) for log in logs])  # copies: a stream still winding down may append
 
 
 def start_relay(upstream: str, max_streams: int) -> tuple[subprocess.Popen, str]:
@@ -162,7 +163,7 @@ def measure(actors: int, relays: int, args, payload: bytes) -> dict:
             cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
             stored = (learner.inserted_batches - stored0) * args.transitions
             stop.set()
-            logs = [log for _ in procs for log in received.get(timeout=120)]
+            logs = [log for _ in procs for log in received.get(timeout=300)]
             for proc in procs:
                 proc.join(30)
         finally:
