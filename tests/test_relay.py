@@ -22,7 +22,7 @@ from actorlearner.relay.server import serve as serve_relay
 from actorlearner.transport import SecurityConfig, open_channel
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
-from procs import CHILD_ENV, FAST_LEARNER, free_port, start_actor, start_learner, status, stop, wait_until
+from procs import CHILD_ENV, FAST_LEARNER, free_port, start_actor, start_learner, stop, wait_until
 from tcp_proxy import TcpProxy
 from test_exactly_once import BATCH, batch_for, make_hello
 from test_operability import health, scrape
@@ -61,9 +61,9 @@ def start_relay(upstream_port: int, relay_id: str, *args: str, port: int = 0) ->
     return proc, int(line.rsplit(":", 1)[1])
 
 
-def relay_status(port: int, security: SecurityConfig | None = None) -> pb.StatusResponse:
+def get_status(port: int, security: SecurityConfig | None = None) -> pb.StatusResponse:
     with open_channel(f"127.0.0.1:{port}", security) as channel:
-        return pb_grpc.LearnerStub(channel).GetStatus(pb.StatusRequest(), timeout=10)
+        return pb_grpc.LearnerStub(channel).GetStatus(pb.StatusRequest(), timeout=30)  # a loaded machine
 
 
 def stored_once(learner: Learner, seqs: int) -> None:
@@ -112,10 +112,10 @@ def test_a_chain_of_relays_carries_batches_acks_policies_and_status(capsys):
         assert actors["relay-a"].relay and actors["relay-a"].connected and "relay-b" not in actors
         for actor_id in ("behind-a", "behind-b"):
             assert actors[actor_id].via == "relay-a" and actors[actor_id].connected and actors[actor_id].inserted == 30
-        at_a = by_id(relay_status(a_port))
+        at_a = by_id(get_status(a_port))
         assert at_a["relay-b"].relay and at_a["behind-b"].via == "relay-b" and at_a["behind-a"].via == ""
         assert at_a["behind-a"].inserted == 30 and at_a["behind-a"].transitions == 30 * BATCH
-        at_b = relay_status(b_port)
+        at_b = get_status(b_port)
         assert [a.actor_id for a in at_b.actors] == ["behind-b"] and at_b.learner_id == learner.learner_id
         assert at_b.policy_version == learner.version
         assert status_command(f"127.0.0.1:{a_port}", True, 10, SecurityConfig()) == 0
@@ -182,7 +182,7 @@ def test_tokens_at_the_relay_and_upstream(tmp_path):
         with relay_at(port, "secured", security=security) as (relay, relay_port):
             assert relay.up
             with pytest.raises(grpc.RpcError) as refused:
-                relay_status(relay_port, SecurityConfig(auth_token="wrong"))
+                get_status(relay_port, SecurityConfig(auth_token="wrong"))
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
             stranger = link_to(relay_port, learner, "stranger", SecurityConfig(auth_token="wrong"))
             wait_until(lambda: stranger.error is not None, 60, "the stranger's refusal")
@@ -191,7 +191,7 @@ def test_tokens_at_the_relay_and_upstream(tmp_path):
             friend = link_to(relay_port, learner, "friend", security)
             send(friend, learner, range(1, 4))
             assert friend.flush(timeout=60)
-            assert by_id(relay_status(relay_port, security))["friend"].inserted == 3
+            assert by_id(get_status(relay_port, security))["friend"].inserted == 3
             friend.close()
         with relay_at(port, "tokenless") as (relay, _):
             assert relay.failed.is_set() and "UNAUTHENTICATED" in str(relay.error) and not relay.up
@@ -259,7 +259,7 @@ def test_actor_processes_behind_a_relay_process_train_and_follow_the_policy():
     actors = [start_actor(relay_port, f"relayed-{i}", "--seed", str(i)) for i in range(2)]
     try:
         def caught_up():
-            s = status(port)
+            s = get_status(port)
             behind = [a for a in s.actors if a.via == "trainer-relay" and a.connected]
             return (s.updates > 0 and s.policy_version >= 10 and len(behind) == 2
                     and all(1 <= a.policy_version and a.lag <= 10 for a in behind) and s)
@@ -269,7 +269,7 @@ def test_actor_processes_behind_a_relay_process_train_and_follow_the_policy():
         assert entries["trainer-relay"].relay and entries["trainer-relay"].connected
         assert {a.actor_id for a in s.actors if a.connected and not a.via} == {"trainer-relay"}  # one stream
         assert all(entries[f"relayed-{i}"].inserted > 0 for i in range(2))
-        at_relay = relay_status(relay_port)
+        at_relay = get_status(relay_port)
         assert sorted(a.actor_id for a in at_relay.actors) == ["relayed-0", "relayed-1"]
         assert at_relay.learner_id == s.learner_id and at_relay.policy_version >= 10
         assert health(relay_port) == "SERVING"
