@@ -95,11 +95,13 @@ def client_process(addresses: list[str], hello_bytes: bytes, first_id: int, stre
         event.wait(120)
     ready.set()
     stop.wait()
+    print(f"client {first_id}: stopping {len(calls)} calls", file=sys.stderr, flush=True)
     for call in list(calls):  # the learner keeps a half-closed stream open for weights: end it from here
         call.cancel()
     deadline = time.monotonic() + 30
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
+    print(f"client {first_id}: joined, {sum(t.is_alive() for t in threads)} alive", file=sys.stderr, flush=True)
     received.put([list(log) for log in logs])  # copies: a stream still winding down may append
 
 
