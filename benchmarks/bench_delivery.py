@@ -95,14 +95,12 @@ def client_process(addresses: list[str], hello_bytes: bytes, first_id: int, stre
         event.wait(120)
     ready.set()
     stop.wait()
-    print(f"client {first_id}: stopping {len(calls)} calls", file=sys.stderr, flush=True)
+    received.put([list(log) for log in logs])  # the versions were all published before the stop
     for call in list(calls):  # the learner keeps a half-closed stream open for weights: end it from here
         call.cancel()
     deadline = time.monotonic() + 30
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
-    print(f"client {first_id}: joined, {sum(t.is_alive() for t in threads)} alive", file=sys.stderr, flush=True)
-    received.put([list(log) for log in logs])  # copies: a stream still winding down may append
 
 
 def start_relay(upstream: str, max_streams: int) -> tuple[subprocess.Popen, str]:
@@ -165,7 +163,7 @@ def measure(actors: int, relays: int, args, payload: bytes) -> dict:
             cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
             stored = (learner.inserted_batches - stored0) * args.transitions
             stop.set()
-            logs = [log for _ in procs for log in received.get(timeout=300)]
+            logs = [log for _ in procs for log in received.get(timeout=120)]
             for proc in procs:
                 proc.join(30)
         finally:
