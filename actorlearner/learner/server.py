@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections import deque
 from concurrent import futures
 
 import grpc
@@ -16,6 +15,7 @@ from actorlearner.health import Health
 from actorlearner.learner.broadcast import PolicyBroadcast
 from actorlearner.learner.learner import ActorStream, IngestAborted, Learner, Refusal
 from actorlearner.learner.onnx_feed import FORMAT as ONNX_FORMAT
+from actorlearner.learner.outbox import Outbox
 from actorlearner.learner.parameters import ParameterError
 from actorlearner.transport import add_port, auth_interceptors, grpc_options
 from actorlearner.v1 import learner_pb2 as pb
@@ -29,28 +29,20 @@ Python client drops messages it has not read when the stream's status arrives: w
 a Python actor could miss the Shutdown."""
 
 
-class Session:
+class Session(Outbox):
     """One Connect stream: the policy broadcast it follows, acks waiting to go out, the last version
     sent, and how it ended."""
 
     def __init__(self, stream: ActorStream, broadcast: PolicyBroadcast):
+        super().__init__()
         self.stream = stream
         self.broadcast = broadcast
         self.actor_id = stream.record.actor_id
-        self.cond = threading.Condition()
-        self.outbox: deque[pb.LearnerMessage] = deque()
         self.sent_version = -1
         self.settings_version = -1  # the learner's settings_version of the last Welcome sent
-        self.closed = False
-        self.error: tuple[grpc.StatusCode, str] | None = None
         self.relay = stream.record.relay
         self.children: dict[str, ActorStream] = {}  # a relay's actors, by id; under cond
         self.refused: set[str] = set()  # a relay's actors refused since they last joined; under cond
-
-    def push(self, message: pb.LearnerMessage) -> None:
-        with self.cond:
-            self.outbox.append(message)
-            self.cond.notify()
 
     def sent(self, version: int) -> None:
         """``version`` goes out next; a relay's status shows it as the version the relay holds."""
@@ -58,21 +50,10 @@ class Session:
         if self.relay:
             self.stream.record.policy_version = version
 
-    def wake(self) -> None:
-        with self.cond:
-            self.cond.notify()
-
-    def fail(self, code: grpc.StatusCode, reason: str) -> None:
-        """End the stream with a status (sent by the handler thread)."""
-        with self.cond:
-            self.error = self.error or (code, reason)
-        self.close()
-
     def close(self) -> None:
         """The stream is over: the sender returns, and a batch waiting on the rate limiter gives up."""
+        super().close()
         with self.cond:
-            self.closed = True
-            self.cond.notify()
             children = list(self.children.values())
         self.stream.ended.set()
         for child in children:

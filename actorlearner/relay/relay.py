@@ -19,7 +19,6 @@ import random
 import socket
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 import grpc
@@ -28,6 +27,7 @@ from actorlearner import wire
 from actorlearner.actor.link import FATAL_CODES
 from actorlearner.config import RelayConfig
 from actorlearner.learner.broadcast import PolicyBroadcast
+from actorlearner.learner.outbox import Outbox
 from actorlearner.metrics import Metric
 from actorlearner.telemetry import RateMeter
 from actorlearner.transport import grpc_options, open_channel
@@ -41,39 +41,17 @@ class RelayError(RuntimeError):
     """The upstream refused this relay for good (credentials, protocol...)."""
 
 
-class Downstream:
+class Downstream(Outbox):
     """One stream into the relay: an actor's, or a downstream relay's (the actors it carries are routed to it)."""
 
     def __init__(self, hello: pb.Hello):
+        super().__init__()
         self.hello = hello
         self.actor_id = hello.actor_id
         self.relay = hello.relay
-        self.cond = threading.Condition()
-        self.outbox: deque[pb.LearnerMessage] = deque()
         self.welcomed = False  # a Welcome went out: policy versions follow it
         self.sent_version = -1
         self.in_flight = 0  # batches forwarded upstream and not acked yet
-        self.closed = False
-        self.error: tuple[grpc.StatusCode, str] | None = None
-
-    def push(self, message: pb.LearnerMessage) -> None:
-        with self.cond:
-            self.outbox.append(message)
-            self.cond.notify_all()
-
-    def wake(self) -> None:
-        with self.cond:
-            self.cond.notify_all()
-
-    def fail(self, code: grpc.StatusCode, reason: str) -> None:
-        with self.cond:
-            self.error = self.error or (code, reason)
-        self.close()
-
-    def close(self) -> None:
-        with self.cond:
-            self.closed = True
-            self.cond.notify_all()
 
 
 @dataclass
