@@ -11,7 +11,6 @@ env.proto ``Space`` messages in protobuf JSON, so every language reads one schem
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import json
 import logging
@@ -76,7 +75,7 @@ def export_onnx(trained: TrainedPolicy, out: str | os.PathLike[str]) -> dict[str
     out.parent.mkdir(parents=True, exist_ok=True)
     program.save(out, external_data=False)
     try:
-        verified = _verify(out, trained, observation_space, state_sizes)
+        verified = _verify(out, trained, observation_space, action_space, state_sizes)
     except ExportError:
         out.unlink()
         raise
@@ -159,7 +158,7 @@ def _quiet():
             logger.setLevel(level)
 
 
-def _verify(path: Path, trained: TrainedPolicy, observation_space: gym.Space,
+def _verify(path: Path, trained: TrainedPolicy, observation_space: gym.Space, action_space: gym.Space,
             state_sizes: dict[str, int]) -> dict[str, Any] | None:
     """Run the written file next to ``act(obs, 0.0)`` over a few steps of sampled observations, with
     some envs' episodes restarting midway; ExportError on the first difference. None without onnxruntime."""
@@ -168,7 +167,9 @@ def _verify(path: Path, trained: TrainedPolicy, observation_space: gym.Space,
     except ImportError:
         return None
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    policy = copy.deepcopy(trained.policy)
+    original = trained.policy  # a twin with the same weights and fresh memory and random state
+    policy = type(original)(observation_space, action_space, original.config, device="cpu", seed=trained.seed)
+    policy.load_policy_state_dict(original.policy_state_dict())
     space = batch_space(observation_space, VERIFY_ENVS)
     space.seed(trained.seed)
     states = {name: np.zeros((VERIFY_ENVS, size), np.float32) for name, size in state_sizes.items()}

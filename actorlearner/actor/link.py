@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import random
 import threading
 import time
 from collections import OrderedDict
@@ -23,7 +22,7 @@ import torch
 
 from actorlearner import wire
 from actorlearner.algorithms import Algorithm, fixed_config_json
-from actorlearner.transport import SecurityConfig, grpc_options, open_channel
+from actorlearner.transport import Backoff, SecurityConfig, open_channel, reconnect_options
 from actorlearner.v1 import learner_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -216,10 +215,8 @@ class LearnerLink:
 
     def _run(self) -> None:
         """Connect, serve the stream until it breaks, back off with jitter, repeat."""
-        delay = self.reconnect_initial
-        # A channel of our own per attempt, with no subchannel shared with earlier channels:
-        # otherwise a new channel can inherit gRPC's own (growing) reconnect backoff.
-        options = grpc_options(self.max_message_bytes) + [("grpc.use_local_subchannel_pool", 1)]
+        backoff = Backoff(self.reconnect_initial, self.reconnect_max)
+        options = reconnect_options(self.max_message_bytes)
         while not self._closing.is_set():
             welcomes, broke = self.welcomes, None
             with open_channel(self.address, self.security, options) as channel:
@@ -237,14 +234,13 @@ class LearnerLink:
                 except wire.WireError as exc:
                     logger.warning("bad policy update from learner: %s; reconnecting", exc)
             if self.welcomes > welcomes:  # the stream worked, however it ended: start backoff afresh
-                delay = self.reconnect_initial
+                backoff.reset()
             if broke and not self._closing.is_set():
-                logger.info("stream to %s broke (%s); reconnecting in %.2fs", self.address, broke, delay)
+                logger.info("stream to %s broke (%s); reconnecting in %.2fs", self.address, broke, backoff.delay)
             with self._lock:
                 self._end_requests()
-            if self._closing.wait(delay * random.uniform(0.5, 1.5)):
+            if backoff.wait(self._closing):
                 return
-            delay = min(delay * 2, self.reconnect_max)
             self.reconnects += 1
 
     def _serve_stream(self, channel: grpc.Channel) -> None:

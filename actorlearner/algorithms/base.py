@@ -63,7 +63,8 @@ class Algorithm(Protocol):
     whose episodes begin, before it acts on their first observations.
 
     Optionally, ``export_policy()`` returns the greedy policy (what ``act(obs, 0.0)`` does) as
-    a CPU ``nn.Module`` in eval mode, for ``actorlearner export``: its forward takes the
+    an ``nn.Module`` in eval mode on the algorithm's own networks, for ``actorlearner export``
+    and the learner's ONNX feed, which call it on a CPU algorithm of their own: its forward takes the
     observation leaves as positional tensors in `leaf_spaces` order (env dtypes, batch first)
     and returns the env actions [B, *shape] in the action space's dtype. A recurrent policy's
     module also has ``state_sizes`` (state name -> width): its forward takes those states

@@ -8,7 +8,6 @@ Actors receive the actor network only; new items go in at the learner's maximum 
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -112,11 +111,8 @@ class GreedyBoxPolicy(nn.Module):
 
     def __init__(self, algorithm: ContinuousActorCritic):
         super().__init__()
-        # A shallow copy acting through CPU copies of the actor and the bounds; the algorithm is left as it was.
-        self.policy = copy.copy(algorithm)
-        self.policy.actor = self.actor = copy.deepcopy(algorithm.actor).cpu().eval()
-        self.policy.low, self.policy.high = algorithm.low.cpu(), algorithm.high.cpu()
-        self.policy.device = torch.device("cpu")
+        self.policy = algorithm
+        self.actor = algorithm.actor  # a submodule: the module's state dict is the actor's weights
         self.keys = tuple(algorithm.observation_leaves)
         self.action_shape, self.action_dtype = algorithm.action_shape, torch_dtype(algorithm.action_space.dtype)
 
@@ -245,8 +241,8 @@ class ContinuousActorCritic:
                 group["lr"] = config.lr
 
     def export_policy(self) -> nn.Module:
-        """The evaluation policy (exploration 0) as a CPU module in eval mode (see `Algorithm`)."""
-        return GreedyBoxPolicy(self)
+        """The evaluation policy (exploration 0) on the actor itself, in eval mode (see `Algorithm`)."""
+        return GreedyBoxPolicy(self).eval()
 
     def policy_state_dict(self) -> dict[str, Tensor]:
         return {name: cpu_copy(t) for name, t in self.actor.state_dict().items()}

@@ -13,7 +13,6 @@ gamma**k (or 0 after a termination), so n-step returns need nothing special here
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -187,8 +186,8 @@ class ApeXQLearner:
             group["lr"] = config.lr
 
     def export_policy(self) -> nn.Module:
-        """The greedy policy on a CPU copy of the online network, in eval mode (see `Algorithm`)."""
-        return self.greedy_policy(copy.deepcopy(self.online).cpu().eval(), tuple(self._obs_leaves), self.branches)
+        """The greedy policy on the online network itself, in eval mode (see `Algorithm`)."""
+        return self.greedy_policy(self.online, tuple(self._obs_leaves), self.branches).eval()
 
     def policy_state_dict(self) -> dict[str, Tensor]:
         return {name: cpu_copy(t) for name, t in self.online.state_dict().items()}

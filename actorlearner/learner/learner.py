@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -11,7 +12,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -532,8 +532,9 @@ class Learner:
             self._spec = spec
             self.changed_parameters.update({c.name: c.value for c in change.changes})
             self.settings_version += 1
-        for broadcast in (self.broadcast, *([self.onnx_feed.broadcast] if self.onnx_feed else [])):
-            broadcast.nudge()
+        self.broadcast.nudge()
+        if self.onnx_feed is not None:
+            self.onnx_feed.broadcast.nudge()
         summary = ", ".join(f"{c.name} {c.previous} -> {c.value}" for c in change.changes)
         logger.info("%s runtime parameters after %d updates: %s", "restored" if restored else "set", self.updates,
                     summary)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import random
 import socket
 import threading
 import time
@@ -30,7 +29,7 @@ from actorlearner.learner.broadcast import PolicyBroadcast
 from actorlearner.learner.outbox import Outbox
 from actorlearner.metrics import Metric
 from actorlearner.telemetry import RateMeter
-from actorlearner.transport import grpc_options, open_channel
+from actorlearner.transport import Backoff, open_channel, reconnect_options
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
@@ -242,14 +241,14 @@ class Relay:
 
     def _run(self) -> None:
         """Connect upstream, serve the stream until it breaks, back off with jitter, repeat."""
-        delay = self.config.reconnect_initial
-        options = grpc_options(self.config.max_message_bytes) + [("grpc.use_local_subchannel_pool", 1)]
+        backoff = Backoff(self.config.reconnect_initial, self.config.reconnect_max)
+        options = reconnect_options(self.config.max_message_bytes)
         while not self._closing.is_set():
             reason = "the stream ended"
             with open_channel(self.config.upstream, self.config.security, options) as channel:
                 try:
                     if self._serve_upstream(channel):
-                        delay = self.config.reconnect_initial
+                        backoff.reset()
                 except grpc.RpcError as exc:
                     if exc.code() in FATAL_CODES:
                         self.error = RelayError(f"upstream {self.config.upstream} refused relay {self.relay_id}: "
@@ -261,9 +260,8 @@ class Relay:
                 except wire.WireError as exc:
                     reason = f"bad policy update: {exc}"
             self._down(reason)
-            if self._closing.wait(delay * random.uniform(0.5, 1.5)):
+            if backoff.wait(self._closing):
                 return
-            delay = min(delay * 2, self.config.reconnect_max)
 
     def _serve_upstream(self, channel: grpc.Channel) -> bool:
         """One upstream stream, until it ends; True if it was welcomed."""
