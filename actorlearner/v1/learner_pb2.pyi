@@ -13,19 +13,32 @@ class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CODEC_UNSPECIFIED: _ClassVar[Codec]
     CODEC_MSGPACK: _ClassVar[Codec]
     CODEC_MSGPACK_ZLIB: _ClassVar[Codec]
+
+class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTCOME_UNSPECIFIED: _ClassVar[Outcome]
+    OUTCOME_WIN: _ClassVar[Outcome]
+    OUTCOME_DRAW: _ClassVar[Outcome]
+    OUTCOME_LOSS: _ClassVar[Outcome]
 CODEC_UNSPECIFIED: Codec
 CODEC_MSGPACK: Codec
 CODEC_MSGPACK_ZLIB: Codec
+OUTCOME_UNSPECIFIED: Outcome
+OUTCOME_WIN: Outcome
+OUTCOME_DRAW: Outcome
+OUTCOME_LOSS: Outcome
 
 class EnvSpec(_message.Message):
-    __slots__ = ("env_id", "observation", "action")
+    __slots__ = ("env_id", "observation", "action", "agents")
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
     env_id: str
     observation: _env_pb2.Space
     action: _env_pb2.Space
-    def __init__(self, env_id: _Optional[str] = ..., observation: _Optional[_Union[_env_pb2.Space, _Mapping]] = ..., action: _Optional[_Union[_env_pb2.Space, _Mapping]] = ...) -> None: ...
+    agents: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, env_id: _Optional[str] = ..., observation: _Optional[_Union[_env_pb2.Space, _Mapping]] = ..., action: _Optional[_Union[_env_pb2.Space, _Mapping]] = ..., agents: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class FieldSpec(_message.Message):
     __slots__ = ("name", "dtype", "shape")
@@ -95,21 +108,37 @@ class Hello(_message.Message):
     relay: bool
     def __init__(self, actor_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., env_spec: _Optional[_Union[EnvSpec, _Mapping]] = ..., algorithm: _Optional[str] = ..., batch_fields: _Optional[_Iterable[_Union[FieldSpec, _Mapping]]] = ..., policy_version: _Optional[int] = ..., policy_format: _Optional[str] = ..., relay: _Optional[bool] = ...) -> None: ...
 
+class GameResult(_message.Message):
+    __slots__ = ("opponent", "outcome", "seat", "length")
+    OPPONENT_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    SEAT_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    opponent: str
+    outcome: Outcome
+    seat: str
+    length: int
+    def __init__(self, opponent: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., seat: _Optional[str] = ..., length: _Optional[int] = ...) -> None: ...
+
 class TrajectoryBatch(_message.Message):
-    __slots__ = ("seq", "policy_version", "num_transitions", "payload", "codec", "priorities")
+    __slots__ = ("seq", "policy_version", "num_transitions", "payload", "codec", "priorities", "games", "opponents")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     NUM_TRANSITIONS_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
     PRIORITIES_FIELD_NUMBER: _ClassVar[int]
+    GAMES_FIELD_NUMBER: _ClassVar[int]
+    OPPONENTS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     policy_version: int
     num_transitions: int
     payload: bytes
     codec: Codec
     priorities: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, seq: _Optional[int] = ..., policy_version: _Optional[int] = ..., num_transitions: _Optional[int] = ..., payload: _Optional[bytes] = ..., codec: _Optional[_Union[Codec, str]] = ..., priorities: _Optional[_Iterable[float]] = ...) -> None: ...
+    games: _containers.RepeatedCompositeFieldContainer[GameResult]
+    opponents: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, seq: _Optional[int] = ..., policy_version: _Optional[int] = ..., num_transitions: _Optional[int] = ..., payload: _Optional[bytes] = ..., codec: _Optional[_Union[Codec, str]] = ..., priorities: _Optional[_Iterable[float]] = ..., games: _Optional[_Iterable[_Union[GameResult, _Mapping]]] = ..., opponents: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class EpisodeStats(_message.Message):
     __slots__ = ("returns", "lengths", "env_steps", "policy_version")
@@ -124,20 +153,22 @@ class EpisodeStats(_message.Message):
     def __init__(self, returns: _Optional[_Iterable[float]] = ..., lengths: _Optional[_Iterable[int]] = ..., env_steps: _Optional[int] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class LearnerMessage(_message.Message):
-    __slots__ = ("welcome", "policy_update", "ack", "shutdown", "refusal", "actor_id")
+    __slots__ = ("welcome", "policy_update", "ack", "shutdown", "refusal", "league", "actor_id")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     POLICY_UPDATE_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
     REFUSAL_FIELD_NUMBER: _ClassVar[int]
+    LEAGUE_FIELD_NUMBER: _ClassVar[int]
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     policy_update: PolicyUpdate
     ack: Ack
     shutdown: Shutdown
     refusal: Refusal
+    league: LeagueUpdate
     actor_id: str
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., policy_update: _Optional[_Union[PolicyUpdate, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., refusal: _Optional[_Union[Refusal, _Mapping]] = ..., actor_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., policy_update: _Optional[_Union[PolicyUpdate, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., refusal: _Optional[_Union[Refusal, _Mapping]] = ..., league: _Optional[_Union[LeagueUpdate, _Mapping]] = ..., actor_id: _Optional[str] = ...) -> None: ...
 
 class Refusal(_message.Message):
     __slots__ = ("code", "reason")
@@ -148,7 +179,7 @@ class Refusal(_message.Message):
     def __init__(self, code: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Settings(_message.Message):
-    __slots__ = ("batch_size", "max_unacked", "codec", "actor_priorities", "num_actors", "actor_index", "max_message_bytes", "algorithm_config", "algorithm")
+    __slots__ = ("batch_size", "max_unacked", "codec", "actor_priorities", "num_actors", "actor_index", "max_message_bytes", "algorithm_config", "algorithm", "league")
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_UNACKED_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +189,7 @@ class Settings(_message.Message):
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     ALGORITHM_CONFIG_FIELD_NUMBER: _ClassVar[int]
     ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    LEAGUE_FIELD_NUMBER: _ClassVar[int]
     batch_size: int
     max_unacked: int
     codec: Codec
@@ -167,7 +199,36 @@ class Settings(_message.Message):
     max_message_bytes: int
     algorithm_config: str
     algorithm: str
-    def __init__(self, batch_size: _Optional[int] = ..., max_unacked: _Optional[int] = ..., codec: _Optional[_Union[Codec, str]] = ..., actor_priorities: _Optional[bool] = ..., num_actors: _Optional[int] = ..., actor_index: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., algorithm_config: _Optional[str] = ..., algorithm: _Optional[str] = ...) -> None: ...
+    league: LeagueSettings
+    def __init__(self, batch_size: _Optional[int] = ..., max_unacked: _Optional[int] = ..., codec: _Optional[_Union[Codec, str]] = ..., actor_priorities: _Optional[bool] = ..., num_actors: _Optional[int] = ..., actor_index: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., algorithm_config: _Optional[str] = ..., algorithm: _Optional[str] = ..., league: _Optional[_Union[LeagueSettings, _Mapping]] = ...) -> None: ...
+
+class LeagueSettings(_message.Message):
+    __slots__ = ("enabled", "opponent_exploration")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    OPPONENT_EXPLORATION_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    opponent_exploration: float
+    def __init__(self, enabled: _Optional[bool] = ..., opponent_exploration: _Optional[float] = ...) -> None: ...
+
+class Opponent(_message.Message):
+    __slots__ = ("id", "version", "script", "weight", "rating")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SCRIPT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    RATING_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    version: int
+    script: str
+    weight: float
+    rating: float
+    def __init__(self, id: _Optional[str] = ..., version: _Optional[int] = ..., script: _Optional[str] = ..., weight: _Optional[float] = ..., rating: _Optional[float] = ...) -> None: ...
+
+class LeagueUpdate(_message.Message):
+    __slots__ = ("opponents",)
+    OPPONENTS_FIELD_NUMBER: _ClassVar[int]
+    opponents: _containers.RepeatedCompositeFieldContainer[Opponent]
+    def __init__(self, opponents: _Optional[_Iterable[_Union[Opponent, _Mapping]]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("learner_id", "policy_version", "settings", "batch_fields")
@@ -182,18 +243,20 @@ class Welcome(_message.Message):
     def __init__(self, learner_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ..., batch_fields: _Optional[_Iterable[_Union[FieldSpec, _Mapping]]] = ...) -> None: ...
 
 class PolicyUpdate(_message.Message):
-    __slots__ = ("version", "chunk_index", "chunk_count", "total_bytes", "payload")
+    __slots__ = ("version", "chunk_index", "chunk_count", "total_bytes", "payload", "opponent")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_INDEX_FIELD_NUMBER: _ClassVar[int]
     CHUNK_COUNT_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    OPPONENT_FIELD_NUMBER: _ClassVar[int]
     version: int
     chunk_index: int
     chunk_count: int
     total_bytes: int
     payload: bytes
-    def __init__(self, version: _Optional[int] = ..., chunk_index: _Optional[int] = ..., chunk_count: _Optional[int] = ..., total_bytes: _Optional[int] = ..., payload: _Optional[bytes] = ...) -> None: ...
+    opponent: str
+    def __init__(self, version: _Optional[int] = ..., chunk_index: _Optional[int] = ..., chunk_count: _Optional[int] = ..., total_bytes: _Optional[int] = ..., payload: _Optional[bytes] = ..., opponent: _Optional[str] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seq", "accepted", "reason")
@@ -216,7 +279,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("policy_version", "updates", "buffer_size", "inserted", "insert_rate", "sample_rate", "actors", "env_steps", "evaluations", "eval_mean_return", "eval_best_return", "learner_id", "parameters", "changed_parameters")
+    __slots__ = ("policy_version", "updates", "buffer_size", "inserted", "insert_rate", "sample_rate", "actors", "env_steps", "evaluations", "eval_mean_return", "eval_best_return", "learner_id", "parameters", "changed_parameters", "league")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     UPDATES_FIELD_NUMBER: _ClassVar[int]
     BUFFER_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -231,6 +294,7 @@ class StatusResponse(_message.Message):
     LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     CHANGED_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    LEAGUE_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     updates: int
     buffer_size: int
@@ -245,7 +309,38 @@ class StatusResponse(_message.Message):
     learner_id: str
     parameters: _containers.RepeatedCompositeFieldContainer[Parameter]
     changed_parameters: _containers.RepeatedCompositeFieldContainer[Parameter]
-    def __init__(self, policy_version: _Optional[int] = ..., updates: _Optional[int] = ..., buffer_size: _Optional[int] = ..., inserted: _Optional[int] = ..., insert_rate: _Optional[float] = ..., sample_rate: _Optional[float] = ..., actors: _Optional[_Iterable[_Union[ActorStatus, _Mapping]]] = ..., env_steps: _Optional[int] = ..., evaluations: _Optional[int] = ..., eval_mean_return: _Optional[float] = ..., eval_best_return: _Optional[float] = ..., learner_id: _Optional[str] = ..., parameters: _Optional[_Iterable[_Union[Parameter, _Mapping]]] = ..., changed_parameters: _Optional[_Iterable[_Union[Parameter, _Mapping]]] = ...) -> None: ...
+    league: LeagueStatus
+    def __init__(self, policy_version: _Optional[int] = ..., updates: _Optional[int] = ..., buffer_size: _Optional[int] = ..., inserted: _Optional[int] = ..., insert_rate: _Optional[float] = ..., sample_rate: _Optional[float] = ..., actors: _Optional[_Iterable[_Union[ActorStatus, _Mapping]]] = ..., env_steps: _Optional[int] = ..., evaluations: _Optional[int] = ..., eval_mean_return: _Optional[float] = ..., eval_best_return: _Optional[float] = ..., learner_id: _Optional[str] = ..., parameters: _Optional[_Iterable[_Union[Parameter, _Mapping]]] = ..., changed_parameters: _Optional[_Iterable[_Union[Parameter, _Mapping]]] = ..., league: _Optional[_Union[LeagueStatus, _Mapping]] = ...) -> None: ...
+
+class LeagueStatus(_message.Message):
+    __slots__ = ("rating", "games", "snapshots", "max_snapshots", "opponents", "unrated_games")
+    RATING_FIELD_NUMBER: _ClassVar[int]
+    GAMES_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    OPPONENTS_FIELD_NUMBER: _ClassVar[int]
+    UNRATED_GAMES_FIELD_NUMBER: _ClassVar[int]
+    rating: float
+    games: int
+    snapshots: int
+    max_snapshots: int
+    opponents: _containers.RepeatedCompositeFieldContainer[OpponentStatus]
+    unrated_games: int
+    def __init__(self, rating: _Optional[float] = ..., games: _Optional[int] = ..., snapshots: _Optional[int] = ..., max_snapshots: _Optional[int] = ..., opponents: _Optional[_Iterable[_Union[OpponentStatus, _Mapping]]] = ..., unrated_games: _Optional[int] = ...) -> None: ...
+
+class OpponentStatus(_message.Message):
+    __slots__ = ("opponent", "wins", "draws", "losses", "transitions")
+    OPPONENT_FIELD_NUMBER: _ClassVar[int]
+    WINS_FIELD_NUMBER: _ClassVar[int]
+    DRAWS_FIELD_NUMBER: _ClassVar[int]
+    LOSSES_FIELD_NUMBER: _ClassVar[int]
+    TRANSITIONS_FIELD_NUMBER: _ClassVar[int]
+    opponent: Opponent
+    wins: int
+    draws: int
+    losses: int
+    transitions: int
+    def __init__(self, opponent: _Optional[_Union[Opponent, _Mapping]] = ..., wins: _Optional[int] = ..., draws: _Optional[int] = ..., losses: _Optional[int] = ..., transitions: _Optional[int] = ...) -> None: ...
 
 class Parameter(_message.Message):
     __slots__ = ("name", "value")
