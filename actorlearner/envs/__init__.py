@@ -1,6 +1,6 @@
-"""Environments by name (gymnasium id, module:function, grpc://), the env server and RemoteEnv."""
+"""Environments by name (gymnasium id, module:function, grpc://), the env server and the remote envs."""
 
 from actorlearner.envs.factory import make_env, make_vector_env
-from actorlearner.envs.remote import RemoteEnv, RemoteEnvError
+from actorlearner.envs.remote import RemoteEnv, RemoteEnvError, RemoteMultiAgentEnv
 
-__all__ = ["RemoteEnv", "RemoteEnvError", "make_env", "make_vector_env"]
+__all__ = ["RemoteEnv", "RemoteEnvError", "RemoteMultiAgentEnv", "make_env", "make_vector_env"]

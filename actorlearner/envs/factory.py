@@ -2,8 +2,9 @@
 
 A name is one of:
   - a registered gymnasium id: ``CartPole-v1``;
-  - ``package.module:function``: a callable returning a ``gymnasium.Env``;
-  - ``grpc://host:port``: a remote env behind env.proto's ``Environment`` service.
+  - ``package.module:function``: a callable returning a ``gymnasium.Env`` or a multi-agent env
+    (:mod:`actorlearner.envs.multiagent`);
+  - ``grpc://host:port``: a remote env behind env.proto's ``Environment`` service, of either kind.
 """
 
 from __future__ import annotations
@@ -12,31 +13,38 @@ import functools
 import importlib
 import inspect
 import warnings
+from collections.abc import Callable
 
 import gymnasium as gym
 
-from actorlearner.envs.remote import SCHEME, RemoteEnv
+from actorlearner.envs.multiagent import MultiAgentEnv, check_agents, is_multi_agent
+from actorlearner.envs.remote import SCHEME, RemoteEnv, connect
 from actorlearner.transport import SecurityConfig
 
 
-def make_env(name: str, security: SecurityConfig | None = None, render_mode: str | None = None) -> gym.Env:
-    """One environment named ``name``; ValueError with the reason when it cannot be made.
+def make_env(name: str, security: SecurityConfig | None = None,
+             render_mode: str | None = None) -> gym.Env | MultiAgentEnv:
+    """One environment named ``name``, a gymnasium env or a multi-agent env; ValueError with the
+    reason when it cannot be made.
 
-    ``security`` is the token and TLS material for a ``grpc://`` env server. ``render_mode``
-    (``"rgb_array"``, say) is passed to a registered env and to a factory that takes it; an env
-    that does not list it in ``metadata["render_modes"]`` (remote envs list none) is a ValueError.
+    ``security`` is the token and TLS material for a ``grpc://`` env server (whose spec says
+    which kind it serves). ``render_mode`` (``"rgb_array"``, say) is passed to a registered env
+    and to a factory that takes it; an env that does not list it in ``metadata["render_modes"]``
+    (remote envs list none) is a ValueError, and so is any multi-agent env.
     """
     if name.startswith(SCHEME):
         if render_mode is not None:
             _check_render_mode(name, RemoteEnv.metadata, render_mode)
-        return RemoteEnv(name, security=security)
+        return connect(name, security)
     if ":" in name:
         factory = _factory(name)
         if factory is not None:
             passed = render_mode is not None and _takes_render_mode(factory)
             env = factory(render_mode=render_mode) if passed else factory()
+            if is_multi_agent(env):
+                return _checked_multi_agent(name, env, render_mode)
             if not isinstance(env, gym.Env):
-                raise ValueError(f"{name} returned a {type(env).__name__}, not a gymnasium.Env")
+                raise ValueError(f"{name} returned a {type(env).__name__}, not a gymnasium.Env or a multi-agent env")
             return _with_render_mode(name, env, render_mode)
     try:
         with warnings.catch_warnings():  # an unlisted render mode: the ValueError below says it
@@ -47,14 +55,47 @@ def make_env(name: str, security: SecurityConfig | None = None, render_mode: str
     return _with_render_mode(name, env, render_mode)
 
 
-def make_vector_env(name: str, num_envs: int, mode: str = "sync",
-                    security: SecurityConfig | None = None) -> gym.vector.VectorEnv:
-    """``num_envs`` copies of ``name`` stepped together (``mode``: sync or async)."""
+def make_vector_env(name: str, num_envs: int, mode: str = "sync", security: SecurityConfig | None = None,
+                    wrap: Callable[[gym.Env | MultiAgentEnv], gym.Env] | None = None) -> gym.vector.VectorEnv:
+    """``num_envs`` copies of ``name`` stepped together (``mode``: sync or async).
+
+    ``wrap``, when given, is applied to every env made and returns the gymnasium.Env to step
+    (it turns a multi-agent env into one; in async mode it must be picklable). A multi-agent
+    env without ``wrap`` is a ValueError: it trains only by self-play.
+    """
     if mode not in ("sync", "async"):
         raise ValueError(f"vector mode must be sync or async, got {mode!r}")
-    make_env(name, security).close()  # fail early, in this process, with the clear error
-    factories = [functools.partial(make_env, name, security)] * num_envs
+    _make_wrapped(name, security, wrap).close()  # fail early, in this process, with the clear error
+    factories = [functools.partial(_make_wrapped, name, security, wrap)] * num_envs
     return gym.vector.SyncVectorEnv(factories) if mode == "sync" else gym.vector.AsyncVectorEnv(factories)
+
+
+def _make_wrapped(name: str, security: SecurityConfig | None, wrap) -> gym.Env:
+    """``make_env(name)`` passed through ``wrap``; the env is closed if that fails."""
+    env = make_env(name, security)
+    try:
+        if wrap is not None:
+            return wrap(env)
+        if is_multi_agent(env):
+            raise ValueError(f"{name} is a multi-agent env (agents {', '.join(map(repr, env.possible_agents))}): "
+                             "a multi-agent env needs self-play (--league) to train")
+    except BaseException:
+        env.close()
+        raise
+    return env
+
+
+def _checked_multi_agent(name: str, env: MultiAgentEnv, render_mode: str | None) -> MultiAgentEnv:
+    """``env`` if it is a well-formed multi-agent env and no render mode was asked for; else closed, ValueError."""
+    try:
+        check_agents(env)
+    except ValueError as exc:
+        env.close()
+        raise ValueError(f"cannot make environment {name!r}: {exc}") from None
+    if render_mode is not None:
+        env.close()
+        raise ValueError(f"{name} cannot render {render_mode!r}: it is a multi-agent env, which is not rendered")
+    return env
 
 
 def _factory(name: str):

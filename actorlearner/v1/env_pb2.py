@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61\x63torlearner/v1/env.proto\x12\x0f\x61\x63torlearner.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xc1\x02\n\x05Space\x12(\n\x03\x62ox\x18\x01 \x01(\x0b\x32\x19.actorlearner.v1.BoxSpaceH\x00\x12\x32\n\x08\x64iscrete\x18\x02 \x01(\x0b\x32\x1e.actorlearner.v1.DiscreteSpaceH\x00\x12=\n\x0emulti_discrete\x18\x03 \x01(\x0b\x32#.actorlearner.v1.MultiDiscreteSpaceH\x00\x12\x39\n\x0cmulti_binary\x18\x04 \x01(\x0b\x32!.actorlearner.v1.MultiBinarySpaceH\x00\x12*\n\x04\x64ict\x18\x05 \x01(\x0b\x32\x1a.actorlearner.v1.DictSpaceH\x00\x12,\n\x05tuple\x18\x06 \x01(\x0b\x32\x1b.actorlearner.v1.TupleSpaceH\x00\x42\x06\n\x04kind\"u\n\x08\x42oxSpace\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12$\n\x03low\x18\x03 \x01(\x0b\x32\x17.actorlearner.v1.Tensor\x12%\n\x04high\x18\x04 \x01(\x0b\x32\x17.actorlearner.v1.Tensor\"8\n\rDiscreteSpace\x12\t\n\x01n\x18\x01 \x01(\x03\x12\r\n\x05start\x18\x02 \x01(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\"c\n\x12MultiDiscreteSpace\x12%\n\x04nvec\x18\x01 \x01(\x0b\x32\x17.actorlearner.v1.Tensor\x12&\n\x05start\x18\x02 \x01(\x0b\x32\x17.actorlearner.v1.Tensor\"6\n\x10MultiBinarySpace\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\x13\n\x0bn_is_scalar\x18\x02 \x01(\x08\"{\n\tDictSpace\x12\x31\n\x07\x65ntries\x18\x01 \x03(\x0b\x32 .actorlearner.v1.DictSpace.Entry\x1a;\n\x05\x45ntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05space\x18\x02 \x01(\x0b\x32\x16.actorlearner.v1.Space\"4\n\nTupleSpace\x12&\n\x06spaces\x18\x01 \x03(\x0b\x32\x16.actorlearner.v1.Space\"\xa4\x01\n\x05Value\x12)\n\x06tensor\x18\x01 \x01(\x0b\x32\x17.actorlearner.v1.TensorH\x00\x12*\n\x04\x64ict\x18\x02 \x01(\x0b\x32\x1a.actorlearner.v1.DictValueH\x00\x12,\n\x05tuple\x18\x03 \x01(\x0b\x32\x1b.actorlearner.v1.TupleValueH\x00\x12\x0e\n\x04text\x18\x04 \x01(\tH\x00\x42\x06\n\x04kind\"{\n\tDictValue\x12\x31\n\x07\x65ntries\x18\x01 \x03(\x0b\x32 .actorlearner.v1.DictValue.Entry\x1a;\n\x05\x45ntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.actorlearner.v1.Value\"3\n\nTupleValue\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.actorlearner.v1.Value\"\x10\n\x0eGetSpecRequest\"\x9d\x01\n\x0f\x45nvironmentSpec\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12\x31\n\x11observation_space\x18\x02 \x01(\x0b\x32\x16.actorlearner.v1.Space\x12,\n\x0c\x61\x63tion_space\x18\x03 \x01(\x0b\x32\x16.actorlearner.v1.Space\x12\x19\n\x11max_episode_steps\x18\x04 \x01(\x03\"\xa2\x01\n\nEnvRequest\x12.\n\x05reset\x18\x01 \x01(\x0b\x32\x1d.actorlearner.v1.ResetRequestH\x00\x12,\n\x04step\x18\x02 \x01(\x0b\x32\x1c.actorlearner.v1.StepRequestH\x00\x12.\n\x05\x63lose\x18\x03 \x01(\x0b\x32\x1d.actorlearner.v1.CloseRequestH\x00\x42\x06\n\x04kind\"W\n\x0cResetRequest\x12\x11\n\x04seed\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12+\n\x07options\x18\x02 \x01(\x0b\x32\x1a.actorlearner.v1.DictValueB\x07\n\x05_seed\"5\n\x0bStepRequest\x12&\n\x06\x61\x63tion\x18\x01 \x01(\x0b\x32\x16.actorlearner.v1.Value\"\x0e\n\x0c\x43loseRequest\"\xd0\x01\n\x0b\x45nvResponse\x12/\n\x05reset\x18\x01 \x01(\x0b\x32\x1e.actorlearner.v1.ResetResponseH\x00\x12-\n\x04step\x18\x02 \x01(\x0b\x32\x1d.actorlearner.v1.StepResponseH\x00\x12/\n\x05\x63lose\x18\x03 \x01(\x0b\x32\x1e.actorlearner.v1.CloseResponseH\x00\x12(\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x17.actorlearner.v1.StatusH\x00\x42\x06\n\x04kind\"f\n\rResetResponse\x12+\n\x0bobservation\x18\x01 \x01(\x0b\x32\x16.actorlearner.v1.Value\x12(\n\x04info\x18\x02 \x01(\x0b\x32\x1a.actorlearner.v1.DictValue\"\x9c\x01\n\x0cStepResponse\x12+\n\x0bobservation\x18\x01 \x01(\x0b\x32\x16.actorlearner.v1.Value\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x12\n\nterminated\x18\x03 \x01(\x08\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12(\n\x04info\x18\x05 \x01(\x0b\x32\x1a.actorlearner.v1.DictValue\"\x0f\n\rCloseResponse\"\'\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t2\xa5\x01\n\x0b\x45nvironment\x12L\n\x07GetSpec\x12\x1f.actorlearner.v1.GetSpecRequest\x1a .actorlearner.v1.EnvironmentSpec\x12H\n\x07Session\x12\x1b.actorlearner.v1.EnvRequest\x1a\x1c.actorlearner.v1.EnvResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61\x63torlearner/v1/env.proto\x12\x0f\x61\x63torlearner.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xc1\x02\n\x05Space\x12(\n\x03\x62ox\x18\x01 \x01(\x0b\x32\x19.actorlearner.v1.BoxSpaceH\x00\x12\x32\n\x08\x64iscrete\x18\x02 \x01(\x0b\x32\x1e.actorlearner.v1.DiscreteSpaceH\x00\x12=\n\x0emulti_discrete\x18\x03 \x01(\x0b\x32#.actorlearner.v1.MultiDiscreteSpaceH\x00\x12\x39\n\x0cmulti_binary\x18\x04 \x01(\x0b\x32!.actorlearner.v1.MultiBinarySpaceH\x00\x12*\n\x04\x64ict\x18\x05 \x01(\x0b\x32\x1a.actorlearner.v1.DictSpaceH\x00\x12,\n\x05tuple\x18\x06 \x01(\x0b\x32\x1b.actorlearner.v1.TupleSpaceH\x00\x42\x06\n\x04kind\"u\n\x08\x42oxSpace\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12$\n\x03low\x18\x03 \x01(\x0b\x32\x17.actorlearner.v1.Tensor\x12%\n\x04high\x18\x04 \x01(\x0b\x32\x17.actorlearner.v1.Tensor\"8\n\rDiscreteSpace\x12\t\n\x01n\x18\x01 \x01(\x03\x12\r\n\x05start\x18\x02 \x01(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\"c\n\x12MultiDiscreteSpace\x12%\n\x04nvec\x18\x01 \x01(\x0b\x32\x17.actorlearner.v1.Tensor\x12&\n\x05start\x18\x02 \x01(\x0b\x32\x17.actorlearner.v1.Tensor\"6\n\x10MultiBinarySpace\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\x13\n\x0bn_is_scalar\x18\x02 \x01(\x08\"{\n\tDictSpace\x12\x31\n\x07\x65ntries\x18\x01 \x03(\x0b\x32 .actorlearner.v1.DictSpace.Entry\x1a;\n\x05\x45ntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05space\x18\x02 \x01(\x0b\x32\x16.actorlearner.v1.Space\"4\n\nTupleSpace\x12&\n\x06spaces\x18\x01 \x03(\x0b\x32\x16.actorlearner.v1.Space\"\xa4\x01\n\x05Value\x12)\n\x06tensor\x18\x01 \x01(\x0b\x32\x17.actorlearner.v1.TensorH\x00\x12*\n\x04\x64ict\x18\x02 \x01(\x0b\x32\x1a.actorlearner.v1.DictValueH\x00\x12,\n\x05tuple\x18\x03 \x01(\x0b\x32\x1b.actorlearner.v1.TupleValueH\x00\x12\x0e\n\x04text\x18\x04 \x01(\tH\x00\x42\x06\n\x04kind\"{\n\tDictValue\x12\x31\n\x07\x65ntries\x18\x01 \x03(\x0b\x32 .actorlearner.v1.DictValue.Entry\x1a;\n\x05\x45ntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.actorlearner.v1.Value\"3\n\nTupleValue\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.actorlearner.v1.Value\"\x10\n\x0eGetSpecRequest\"\xc9\x01\n\x0f\x45nvironmentSpec\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12\x31\n\x11observation_space\x18\x02 \x01(\x0b\x32\x16.actorlearner.v1.Space\x12,\n\x0c\x61\x63tion_space\x18\x03 \x01(\x0b\x32\x16.actorlearner.v1.Space\x12\x19\n\x11max_episode_steps\x18\x04 \x01(\x03\x12*\n\x06\x61gents\x18\x05 \x03(\x0b\x32\x1a.actorlearner.v1.AgentSpec\"z\n\tAgentSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x31\n\x11observation_space\x18\x02 \x01(\x0b\x32\x16.actorlearner.v1.Space\x12,\n\x0c\x61\x63tion_space\x18\x03 \x01(\x0b\x32\x16.actorlearner.v1.Space\"\xa2\x01\n\nEnvRequest\x12.\n\x05reset\x18\x01 \x01(\x0b\x32\x1d.actorlearner.v1.ResetRequestH\x00\x12,\n\x04step\x18\x02 \x01(\x0b\x32\x1c.actorlearner.v1.StepRequestH\x00\x12.\n\x05\x63lose\x18\x03 \x01(\x0b\x32\x1d.actorlearner.v1.CloseRequestH\x00\x42\x06\n\x04kind\"W\n\x0cResetRequest\x12\x11\n\x04seed\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12+\n\x07options\x18\x02 \x01(\x0b\x32\x1a.actorlearner.v1.DictValueB\x07\n\x05_seed\"d\n\x0bStepRequest\x12&\n\x06\x61\x63tion\x18\x01 \x01(\x0b\x32\x16.actorlearner.v1.Value\x12-\n\x07\x61\x63tions\x18\x02 \x03(\x0b\x32\x1c.actorlearner.v1.AgentAction\"D\n\x0b\x41gentAction\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12&\n\x06\x61\x63tion\x18\x02 \x01(\x0b\x32\x16.actorlearner.v1.Value\"\x0e\n\x0c\x43loseRequest\"\xd0\x01\n\x0b\x45nvResponse\x12/\n\x05reset\x18\x01 \x01(\x0b\x32\x1e.actorlearner.v1.ResetResponseH\x00\x12-\n\x04step\x18\x02 \x01(\x0b\x32\x1d.actorlearner.v1.StepResponseH\x00\x12/\n\x05\x63lose\x18\x03 \x01(\x0b\x32\x1e.actorlearner.v1.CloseResponseH\x00\x12(\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x17.actorlearner.v1.StatusH\x00\x42\x06\n\x04kind\"\xa7\x01\n\rResetResponse\x12+\n\x0bobservation\x18\x01 \x01(\x0b\x32\x16.actorlearner.v1.Value\x12(\n\x04info\x18\x02 \x01(\x0b\x32\x1a.actorlearner.v1.DictValue\x12*\n\x06\x61gents\x18\x03 \x03(\x0b\x32\x1a.actorlearner.v1.AgentStep\x12\x13\n\x0blive_agents\x18\x04 \x03(\t\"\xdd\x01\n\x0cStepResponse\x12+\n\x0bobservation\x18\x01 \x01(\x0b\x32\x16.actorlearner.v1.Value\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x12\n\nterminated\x18\x03 \x01(\x08\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12(\n\x04info\x18\x05 \x01(\x0b\x32\x1a.actorlearner.v1.DictValue\x12*\n\x06\x61gents\x18\x06 \x03(\x0b\x32\x1a.actorlearner.v1.AgentStep\x12\x13\n\x0blive_agents\x18\x07 \x03(\t\"\xa8\x01\n\tAgentStep\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12+\n\x0bobservation\x18\x02 \x01(\x0b\x32\x16.actorlearner.v1.Value\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12\x12\n\nterminated\x18\x04 \x01(\x08\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12(\n\x04info\x18\x06 \x01(\x0b\x32\x1a.actorlearner.v1.DictValue\"\x0f\n\rCloseResponse\"\'\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t2\xa5\x01\n\x0b\x45nvironment\x12L\n\x07GetSpec\x12\x1f.actorlearner.v1.GetSpecRequest\x1a .actorlearner.v1.EnvironmentSpec\x12H\n\x07Session\x12\x1b.actorlearner.v1.EnvRequest\x1a\x1c.actorlearner.v1.EnvResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -60,25 +60,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSPECREQUEST']._serialized_start=1282
   _globals['_GETSPECREQUEST']._serialized_end=1298
   _globals['_ENVIRONMENTSPEC']._serialized_start=1301
-  _globals['_ENVIRONMENTSPEC']._serialized_end=1458
-  _globals['_ENVREQUEST']._serialized_start=1461
-  _globals['_ENVREQUEST']._serialized_end=1623
-  _globals['_RESETREQUEST']._serialized_start=1625
-  _globals['_RESETREQUEST']._serialized_end=1712
-  _globals['_STEPREQUEST']._serialized_start=1714
-  _globals['_STEPREQUEST']._serialized_end=1767
-  _globals['_CLOSEREQUEST']._serialized_start=1769
-  _globals['_CLOSEREQUEST']._serialized_end=1783
-  _globals['_ENVRESPONSE']._serialized_start=1786
-  _globals['_ENVRESPONSE']._serialized_end=1994
-  _globals['_RESETRESPONSE']._serialized_start=1996
-  _globals['_RESETRESPONSE']._serialized_end=2098
-  _globals['_STEPRESPONSE']._serialized_start=2101
-  _globals['_STEPRESPONSE']._serialized_end=2257
-  _globals['_CLOSERESPONSE']._serialized_start=2259
-  _globals['_CLOSERESPONSE']._serialized_end=2274
-  _globals['_STATUS']._serialized_start=2276
-  _globals['_STATUS']._serialized_end=2315
-  _globals['_ENVIRONMENT']._serialized_start=2318
-  _globals['_ENVIRONMENT']._serialized_end=2483
+  _globals['_ENVIRONMENTSPEC']._serialized_end=1502
+  _globals['_AGENTSPEC']._serialized_start=1504
+  _globals['_AGENTSPEC']._serialized_end=1626
+  _globals['_ENVREQUEST']._serialized_start=1629
+  _globals['_ENVREQUEST']._serialized_end=1791
+  _globals['_RESETREQUEST']._serialized_start=1793
+  _globals['_RESETREQUEST']._serialized_end=1880
+  _globals['_STEPREQUEST']._serialized_start=1882
+  _globals['_STEPREQUEST']._serialized_end=1982
+  _globals['_AGENTACTION']._serialized_start=1984
+  _globals['_AGENTACTION']._serialized_end=2052
+  _globals['_CLOSEREQUEST']._serialized_start=2054
+  _globals['_CLOSEREQUEST']._serialized_end=2068
+  _globals['_ENVRESPONSE']._serialized_start=2071
+  _globals['_ENVRESPONSE']._serialized_end=2279
+  _globals['_RESETRESPONSE']._serialized_start=2282
+  _globals['_RESETRESPONSE']._serialized_end=2449
+  _globals['_STEPRESPONSE']._serialized_start=2452
+  _globals['_STEPRESPONSE']._serialized_end=2673
+  _globals['_AGENTSTEP']._serialized_start=2676
+  _globals['_AGENTSTEP']._serialized_end=2844
+  _globals['_CLOSERESPONSE']._serialized_start=2846
+  _globals['_CLOSERESPONSE']._serialized_end=2861
+  _globals['_STATUS']._serialized_start=2863
+  _globals['_STATUS']._serialized_end=2902
+  _globals['_ENVIRONMENT']._serialized_start=2905
+  _globals['_ENVIRONMENT']._serialized_end=3070
 # @@protoc_insertion_point(module_scope)

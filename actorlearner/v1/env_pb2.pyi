@@ -125,16 +125,28 @@ class GetSpecRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EnvironmentSpec(_message.Message):
-    __slots__ = ("env_id", "observation_space", "action_space", "max_episode_steps")
+    __slots__ = ("env_id", "observation_space", "action_space", "max_episode_steps", "agents")
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_SPACE_FIELD_NUMBER: _ClassVar[int]
     ACTION_SPACE_FIELD_NUMBER: _ClassVar[int]
     MAX_EPISODE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
     env_id: str
     observation_space: Space
     action_space: Space
     max_episode_steps: int
-    def __init__(self, env_id: _Optional[str] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., max_episode_steps: _Optional[int] = ...) -> None: ...
+    agents: _containers.RepeatedCompositeFieldContainer[AgentSpec]
+    def __init__(self, env_id: _Optional[str] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., max_episode_steps: _Optional[int] = ..., agents: _Optional[_Iterable[_Union[AgentSpec, _Mapping]]] = ...) -> None: ...
+
+class AgentSpec(_message.Message):
+    __slots__ = ("name", "observation_space", "action_space")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_SPACE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_SPACE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    observation_space: Space
+    action_space: Space
+    def __init__(self, name: _Optional[str] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ...) -> None: ...
 
 class EnvRequest(_message.Message):
     __slots__ = ("reset", "step", "close")
@@ -155,10 +167,20 @@ class ResetRequest(_message.Message):
     def __init__(self, seed: _Optional[int] = ..., options: _Optional[_Union[DictValue, _Mapping]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("action",)
+    __slots__ = ("action", "actions")
     ACTION_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
     action: Value
-    def __init__(self, action: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    actions: _containers.RepeatedCompositeFieldContainer[AgentAction]
+    def __init__(self, action: _Optional[_Union[Value, _Mapping]] = ..., actions: _Optional[_Iterable[_Union[AgentAction, _Mapping]]] = ...) -> None: ...
+
+class AgentAction(_message.Message):
+    __slots__ = ("agent", "action")
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    agent: str
+    action: Value
+    def __init__(self, agent: _Optional[str] = ..., action: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
 
 class CloseRequest(_message.Message):
     __slots__ = ()
@@ -177,26 +199,50 @@ class EnvResponse(_message.Message):
     def __init__(self, reset: _Optional[_Union[ResetResponse, _Mapping]] = ..., step: _Optional[_Union[StepResponse, _Mapping]] = ..., close: _Optional[_Union[CloseResponse, _Mapping]] = ..., error: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
 
 class ResetResponse(_message.Message):
-    __slots__ = ("observation", "info")
+    __slots__ = ("observation", "info", "agents", "live_agents")
     OBSERVATION_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_AGENTS_FIELD_NUMBER: _ClassVar[int]
     observation: Value
     info: DictValue
-    def __init__(self, observation: _Optional[_Union[Value, _Mapping]] = ..., info: _Optional[_Union[DictValue, _Mapping]] = ...) -> None: ...
+    agents: _containers.RepeatedCompositeFieldContainer[AgentStep]
+    live_agents: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, observation: _Optional[_Union[Value, _Mapping]] = ..., info: _Optional[_Union[DictValue, _Mapping]] = ..., agents: _Optional[_Iterable[_Union[AgentStep, _Mapping]]] = ..., live_agents: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StepResponse(_message.Message):
-    __slots__ = ("observation", "reward", "terminated", "truncated", "info")
+    __slots__ = ("observation", "reward", "terminated", "truncated", "info", "agents", "live_agents")
     OBSERVATION_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     TERMINATED_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_AGENTS_FIELD_NUMBER: _ClassVar[int]
     observation: Value
     reward: float
     terminated: bool
     truncated: bool
     info: DictValue
-    def __init__(self, observation: _Optional[_Union[Value, _Mapping]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., info: _Optional[_Union[DictValue, _Mapping]] = ...) -> None: ...
+    agents: _containers.RepeatedCompositeFieldContainer[AgentStep]
+    live_agents: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, observation: _Optional[_Union[Value, _Mapping]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., info: _Optional[_Union[DictValue, _Mapping]] = ..., agents: _Optional[_Iterable[_Union[AgentStep, _Mapping]]] = ..., live_agents: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AgentStep(_message.Message):
+    __slots__ = ("agent", "observation", "reward", "terminated", "truncated", "info")
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    TERMINATED_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    agent: str
+    observation: Value
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: DictValue
+    def __init__(self, agent: _Optional[str] = ..., observation: _Optional[_Union[Value, _Mapping]] = ..., reward: _Optional[float] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., info: _Optional[_Union[DictValue, _Mapping]] = ...) -> None: ...
 
 class CloseResponse(_message.Message):
     __slots__ = ()
