@@ -16,16 +16,17 @@ from actorlearner.values import MAX_DEPTH, tensor_from_proto, tensor_to_proto, t
 from actorlearner.v1 import env_pb2, learner_pb2
 
 
-def env_spec(env_id: str, observation_space: spaces.Space, action_space: spaces.Space) -> learner_pb2.EnvSpec:
+def env_spec(env_id: str, observation_space: spaces.Space, action_space: spaces.Space,
+             agents: list[str] | None = None) -> learner_pb2.EnvSpec:
     """The EnvSpec an actor sends in Hello and the learner compares with its own; ValueError naming
-    a space env.proto cannot describe."""
+    a space env.proto cannot describe. ``agents``: a multi-agent env's, whose seats share the spaces."""
     messages = {}
     for role, space in (("observation", observation_space), ("action", action_space)):
         try:
             messages[role] = space_to_proto(space)
         except ValueError as exc:
             raise ValueError(f"{role} {exc}") from None
-    return learner_pb2.EnvSpec(env_id=env_id, **messages)
+    return learner_pb2.EnvSpec(env_id=env_id, agents=agents or [], **messages)
 
 
 def spaces_from_spec(spec: learner_pb2.EnvSpec) -> tuple[spaces.Space, spaces.Space]:
@@ -44,6 +45,9 @@ def spec_mismatch(expected: learner_pb2.EnvSpec, got: learner_pb2.EnvSpec) -> st
     them, joined by "; ". A malformed space in ``got`` is a reason too.
     """
     reasons: list[str] = []
+    if list(got.agents) != list(expected.agents):
+        reasons.append(f"agents {list(expected.agents) or 'none (a single-agent env)'} != "
+                       f"{list(got.agents) or 'none (a single-agent env)'}")
     for role in ("observation", "action"):
         if not got.HasField(role):
             reasons.append(f"{role} space missing")

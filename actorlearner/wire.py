@@ -446,7 +446,8 @@ class ChunkAssembler:
 
 
 def encode_batch_message(seq: int, policy_version: int, num_transitions: int, payload: bytes,
-                         codec: Codec | int | str, priorities: Sequence[float] = ()) -> bytes:
+                         codec: Codec | int | str, priorities: Sequence[float] = (),
+                         games: Sequence[pb.GameResult] = (), opponents: Sequence[str] = ()) -> bytes:
     """A serialized ``ActorMessage{batch}`` that copies the payload once.
 
     Building the proto objects would copy a large payload into the batch, again into the
@@ -454,7 +455,8 @@ def encode_batch_message(seq: int, policy_version: int, num_transitions: int, pa
     small fields are serialized normally and the payload field is appended as raw bytes.
     """
     head = pb.TrajectoryBatch(seq=seq, policy_version=policy_version, num_transitions=num_transitions,
-                              codec=int(Codec.parse(codec)), priorities=priorities).SerializeToString()
+                              codec=int(Codec.parse(codec)), priorities=priorities, games=games,
+                              opponents=opponents).SerializeToString()
     payload_key = _field_key(pb.TrajectoryBatch, "payload") + _varint(len(payload))
     inner = len(head) + len(payload_key) + len(payload)
     return b"".join((_field_key(pb.ActorMessage, "batch"), _varint(inner), head, payload_key, payload))

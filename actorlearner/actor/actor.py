@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -16,7 +17,10 @@ from actorlearner import specs, wire
 from actorlearner.actor.link import LearnerLink, Session, SettingsError, policy_key
 from actorlearner.algorithms import Algorithm, TransitionAssembler, make_config, resolve, retune
 from actorlearner.config import ActorConfig
-from actorlearner.envs import make_vector_env
+from actorlearner.envs import make_env, make_vector_env
+from actorlearner.envs.multiagent import is_multi_agent, shared_spaces
+from actorlearner.league import Game, OpponentPool, SeatEnv
+from actorlearner.league.league import OUTCOME_CODES
 from actorlearner.metrics import Metric
 from actorlearner.telemetry import RateMeter
 from actorlearner.v1 import learner_pb2 as pb
@@ -52,11 +56,16 @@ class Actor:
         self.config = config
         torch.set_num_threads(config.torch_threads)
         self.actor_id = config.actor_id or f"{socket.gethostname()}-{os.getpid()}"
-        self.envs = make_vector_env(config.env, config.num_envs, config.vector_mode, config.security)
+        self.agents, self.pool = self._league_of(config)
+        self._games: list[Game] = []  # self-play games ended since the last batch
+        self._opponents: set[str] = set()  # opponents of the games since the last batch
+        self._slots = itertools.count()
+        self.envs = make_vector_env(config.env, config.num_envs, config.vector_mode, config.security,
+                                    wrap=self._seat if self.agents else None)
         obs_space, act_space = self.envs.single_observation_space, self.envs.single_action_space
         self.obs_space, self.act_space = obs_space, act_space
         hello = pb.Hello(actor_id=self.actor_id, protocol_version=wire.PROTOCOL_VERSION,
-                         env_spec=specs.env_spec(config.env, obs_space, act_space), policy_version=-1)
+                         env_spec=specs.env_spec(config.env, obs_space, act_space, self.agents), policy_version=-1)
         self.link = LearnerLink(config.learner, hello, config.max_message_bytes,
                                 config.reconnect_initial, config.reconnect_max, config.security,
                                 build_policy=self._build_policy)
@@ -75,6 +84,24 @@ class Actor:
         self.last_return = float("nan")
         self.batches_sent = 0
         self.stop_event = threading.Event()
+
+    @staticmethod
+    def _league_of(config: ActorConfig) -> tuple[list[str], OpponentPool | None]:
+        """A multi-agent env's agents and the opponent pool self-play draws from; ([], None) otherwise."""
+        env = make_env(config.env, config.security)
+        try:
+            if not is_multi_agent(env):
+                return [], None
+            if config.vector_mode != "sync":
+                raise ValueError("self-play needs vector_mode sync: the opponents play in the actor's process")
+            return list(env.possible_agents), OpponentPool(*shared_spaces(env), config.seed)
+        finally:
+            env.close()
+
+    def _seat(self, env) -> SeatEnv:
+        """A multi-agent env as one learning seat (rotating), its opponents drawn from the league."""
+        slot = next(self._slots)
+        return SeatEnv(env, lambda: self.pool.draw(slot), self._games.append, first_seat=slot)
 
     def run(self, max_env_steps: int = 0) -> None:
         """Act until :meth:`stop` (or ``max_env_steps`` real env steps), then flush unacked batches."""
@@ -120,6 +147,9 @@ class Actor:
                                         device="cpu", seed=self.config.seed)
         except (ValueError, TypeError, RuntimeError) as exc:  # what bad values make configs and torch raise
             raise SettingsError(f"{type(exc).__name__}: {exc}") from None
+        if settings.HasField("league") != bool(self.agents):
+            raise SettingsError(f"the learner {'keeps' if settings.HasField('league') else 'keeps no'} league but "
+                                f"this actor's env has {'several agents' if self.agents else 'one agent'}")
         built = {name: (tuple(shape), wire.np_dtype(dtype).name)
                  for name, (shape, dtype) in algorithm.transition_fields().items()}
         expected = {f.name: (tuple(f.shape), f.dtype) for f in welcome.batch_fields}
@@ -143,6 +173,9 @@ class Actor:
             self.algorithm.load_policy_state_dict(received.state)
             self.policy_version = received.version
             self.link.hold(received)
+        if self.pool is not None:
+            self.pool.update(*self.link.take_league())
+            self.pool.current = (self.policy_version, self.algorithm)
         return self.policy_version >= 0
 
     def _apply_session(self, session: Session) -> None:
@@ -159,6 +192,10 @@ class Actor:
         new_network = previous is None or policy_key(settings) != policy_key(previous.settings)
         if new_network:
             self.algorithm, self.policy_version = session.policy, -1
+            if self.pool is not None:
+                policy = session.policy
+                self.pool.reset(lambda: type(policy)(self.obs_space, self.act_space, policy.config, device="cpu",
+                                                     seed=self.config.seed), settings.league.opponent_exploration)
         elif settings.algorithm_config != previous.settings.algorithm_config:
             retune(self.algorithm, session.policy.config)
         num_actors = max(settings.num_actors, 1)
@@ -181,13 +218,15 @@ class Actor:
         was_done = np.zeros(num_envs, bool)
         done_returns, done_lengths, steps_since_stats = [], [], 0
         last_stats = time.monotonic()
-        obs, _ = self.envs.reset(seed=self.config.seed)
+        obs = None  # reset once there are weights: a self-play env draws its first opponents then
         while not self.stop_event.is_set() and not (max_env_steps and self.env_steps >= max_env_steps):
             if self.link.error:
                 raise self.link.error
             if not self._follow_learner():
                 self.stop_event.wait(0.05)  # a new network waits for its first weights
                 continue
+            if obs is None:
+                obs, _ = self.envs.reset(seed=self.config.seed)
             actions = self.algorithm.act(obs, self.exploration)
             next_obs, rewards, terminated, truncated, _ = self.envs.step(actions)
             real = ~was_done  # with next-step autoreset, a step after an episode end is a reset
@@ -203,6 +242,8 @@ class Actor:
                 self.last_return = done_returns[-1]
             returns[done], lengths[done] = 0.0, 0
             was_done = done
+            if self.pool is not None:
+                self._opponents.update(env.opponent.id for env in self.envs.envs if env.opponent is not None)
             self._collect(self.assembler.push(obs, actions, rewards, terminated, truncated, next_obs))
             if hasattr(self.algorithm, "reset_memory") and not real.all():
                 self.algorithm.reset_memory(~real)  # autoreset envs begin episodes: a recurrent policy forgets
@@ -247,8 +288,14 @@ class Actor:
             tensors = {k: torch.from_numpy(v) for k, v in batch.items()}
             computed = self.algorithm.initial_priorities(tensors)
             priorities = [] if computed is None else computed.tolist()
+        games = [pb.GameResult(opponent=g.opponent, outcome=OUTCOME_CODES[g.outcome], seat=g.seat, length=g.length)
+                 for g in self._games]
+        opponents = sorted(self._opponents)
+        self._games.clear()
+        self._opponents = {env.opponent.id for env in self.envs.envs if env.opponent is not None} \
+            if self.pool is not None else set()
         message = wire.encode_batch_message(seq, version, _rows(batch), wire.encode_batch(batch, codec),
-                                            codec, priorities)
+                                            codec, priorities, games, opponents)
         while not self.link.send_batch(seq, message, timeout=0.5, policy_version=version):
             if self.stop_event.is_set():
                 return

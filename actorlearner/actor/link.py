@@ -122,6 +122,8 @@ class LearnerLink:
         self._lock = threading.Condition()
         self._requests: queue.Queue | None = None
         self._policy: ReceivedPolicy | None = None  # always of the current session
+        self._league: pb.LeagueUpdate | None = None  # self-play: the newest league not yet taken
+        self._snapshots: dict[str, dict[str, torch.Tensor]] = {}  # league snapshots' weights not yet taken
         self._held_version = hello.policy_version
         self._held_key: tuple[str, str] | None = None  # policy_key of the session whose weights the actor runs
         self._ask_for_weights = False  # the next Hello says -1: the learner withheld weights we need
@@ -175,6 +177,13 @@ class LearnerLink:
         with self._lock:
             policy, self._policy = self._policy, None
             return policy
+
+    def take_league(self) -> tuple[pb.LeagueUpdate | None, dict[str, dict[str, torch.Tensor]]]:
+        """Self-play: the newest LeagueUpdate and the snapshot weights received since the last call."""
+        with self._lock:
+            league, snapshots = self._league, self._snapshots
+            self._league, self._snapshots = None, {}
+            return league, snapshots
 
     def hold(self, policy: ReceivedPolicy) -> None:
         """The actor now runs ``policy``: its version goes into the next Hello, and its session's
@@ -271,6 +280,7 @@ class LearnerLink:
 
         Raises LinkError for settings or weights this actor cannot apply.
         """
+        snapshots = wire.ChunkAssembler(self.max_message_bytes * 64)  # league snapshots' weights (self-play)
         for message in call:
             kind = message.WhichOneof("kind")
             if kind == "ack":
@@ -279,10 +289,14 @@ class LearnerLink:
                     self._lock.notify_all()
             elif kind == "policy_update":
                 update = message.policy_update
-                payload = assembler.add(update.version, update.chunk_index, update.chunk_count,
-                                        update.total_bytes, update.payload)
+                chunks = snapshots if update.opponent else assembler
+                payload = chunks.add(update.version, update.chunk_index, update.chunk_count,
+                                     update.total_bytes, update.payload)
                 if payload is not None:
-                    self._receive_policy(update.version, payload)
+                    self._receive_policy(update.version, payload, update.opponent)
+            elif kind == "league":
+                with self._lock:
+                    self._league = message.league
             elif kind == "welcome":
                 self._start_session(message.welcome)
                 self.connected = True
@@ -327,8 +341,9 @@ class LearnerLink:
                     "for it; reconnecting to ask for them", welcome.learner_id, welcome.policy_version)
         return True
 
-    def _receive_policy(self, version: int, payload: bytes) -> None:
-        """Decode a complete update against the session's network and put it in the slot."""
+    def _receive_policy(self, version: int, payload: bytes, opponent: str = "") -> None:
+        """Decode a complete update against the session's network and put it in the slot (or, for
+        a league snapshot named ``opponent``, with the snapshots)."""
         session = self.session
         if session is None:
             raise wire.WireError("a policy update came before the Welcome")
@@ -340,7 +355,10 @@ class LearnerLink:
             raise LinkError(f"learner {session.learner_id} at {self.address} sent policy version {version} "
                             f"that does not fit the network its Welcome describes: {exc}") from None
         with self._lock:
-            self._policy = ReceivedPolicy(version, state, session)
+            if opponent:
+                self._snapshots[opponent] = state
+            else:
+                self._policy = ReceivedPolicy(version, state, session)
 
     def _fail(self, error: LinkError) -> None:
         with self._lock:

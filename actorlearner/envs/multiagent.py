@@ -85,5 +85,5 @@ def shared_spaces(env: Any, seats: list[str] | None = None) -> tuple[gym.Space, 
         if env.observation_space(seat) != obs_space or env.action_space(seat) != act_space:
             raise ValueError(f"seat {seat!r} has other spaces than {first!r} ({env.observation_space(seat)}, "
                              f"{env.action_space(seat)} vs {obs_space}, {act_space}): self-play needs seats "
-                             "that look alike; pass --seats to pick those that do")
+                             "that look alike: one policy plays every seat")
     return obs_space, act_space

@@ -20,6 +20,7 @@ from actorlearner import specs, telemetry, wire
 from actorlearner.algorithms import config_json, make_config, resolve, retune
 from actorlearner.config import LearnerConfig
 from actorlearner.envs import make_env
+from actorlearner.envs.multiagent import is_multi_agent, shared_spaces
 from actorlearner.learner.broadcast import PolicyBroadcast
 from actorlearner.learner.checkpoint import CheckpointError, CheckpointStore, load_rng_state, rng_state
 from actorlearner.learner.distributed import DataParallel, local_device, resolve_world
@@ -27,6 +28,9 @@ from actorlearner.learner.evaluator import EvalResult, evaluate
 from actorlearner.learner.onnx_feed import FORMAT as ONNX_FORMAT
 from actorlearner.learner.onnx_feed import OnnxFeed
 from actorlearner.learner.parameters import Change, ParameterError, current_values, plan
+from actorlearner.league import League
+from actorlearner.league.evaluation import evaluate_league
+from actorlearner.league.opponents import load_scripted
 from actorlearner.metrics import Metric
 from actorlearner.replay import NothingRecentEnough, PrioritizedReplay, RateLimiter
 from actorlearner.v1 import learner_pb2 as pb
@@ -126,9 +130,15 @@ class Learner:
         if self.world.size > 1:
             self.device = local_device(self.device)
         env = make_env(config.env, config.security)
-        self.env_spec = specs.env_spec(config.env, env.observation_space, env.action_space)
-        self.observation_space, self.action_space = env.observation_space, env.action_space
-        env.close()
+        try:
+            self.agents = list(env.possible_agents) if is_multi_agent(env) else []
+            spaces = shared_spaces(env) if self.agents else (env.observation_space, env.action_space)
+        finally:
+            env.close()
+        if self.agents and self.world.size > 1:
+            raise ValueError("self-play (a multi-agent env) runs on one learner: world_size must be 1")
+        self.env_spec = specs.env_spec(config.env, *spaces, self.agents)
+        self.observation_space, self.action_space = spaces
         algorithm_class = self.algorithm_class = resolve(config.algorithm)
         self.algorithm_config = make_config(algorithm_class, config.algorithm_config)
         self.algorithm = algorithm_class(self.observation_space, self.action_space, self.algorithm_config,
@@ -139,6 +149,8 @@ class Learner:
         # reseed and advance the generator the trainer samples with.
         self._eval_policy = algorithm_class(self.observation_space, self.action_space, self.algorithm_config,
                                             device="cpu", seed=config.seed)
+        self._eval_opponent = algorithm_class(self.observation_space, self.action_space, self.algorithm_config,
+                                              device="cpu", seed=config.seed + 1) if self.agents else None
         policy = {name: (tuple(t.shape), t.dtype) for name, t in self._eval_policy.policy_state_dict().items()}
         self._spec = pb.LearnerSpec(protocol_version=wire.PROTOCOL_VERSION, env_spec=self.env_spec,
                                     algorithm=config.algorithm, algorithm_config=config_json(self.algorithm_config),
@@ -155,6 +167,9 @@ class Learner:
         self._inserts_changed = threading.Condition(self.replay_lock)
         self._gate_closed = False  # a checkpoint waits for open inserts: no new ones start meanwhile
         self.broadcast = PolicyBroadcast(config.chunk_bytes)
+        self.league = League(config.league, config.chunk_bytes, self.broadcast.nudge) if self.agents else None
+        for script in config.league.evaluated_players() if self.agents else ():  # fail now, not in an actor
+            load_scripted(script, self.observation_space, self.action_space, config.seed)
         self.onnx_feed = OnnxFeed(self.broadcast, algorithm_class(
             self.observation_space, self.action_space, self.algorithm_config, device="cpu", seed=config.seed),
             self.observation_space, self.action_space, config.chunk_bytes) \
@@ -221,6 +236,9 @@ class Learner:
         if hello.policy_format == ONNX_FORMAT and self.onnx_feed is None:
             return Refusal("FAILED_PRECONDITION", f"algorithm {self.config.algorithm!r} has no export_policy: "
                                                   "this learner cannot send its policy as ONNX")
+        if self.league is not None and (hello.relay or hello.policy_format == ONNX_FORMAT):
+            return Refusal("FAILED_PRECONDITION", "this learner keeps a self-play league: its actors connect "
+                                                  "directly (no relays) and take state_dict policies (no onnx)")
         if hello.batch_fields and list(hello.batch_fields) != self.batch_fields:
             return Refusal("FAILED_PRECONDITION", f"the actor holds batches with fields "
                                                   f"{_describe_fields(hello.batch_fields)}; this learner expects "
@@ -288,6 +306,9 @@ class Learner:
             actor_priorities=c.actor_priorities, num_actors=max(c.num_actors, 1), actor_index=stream.record.index,
             max_message_bytes=c.max_message_bytes, algorithm=c.algorithm,
             algorithm_config=config_json(self.algorithm_config))
+        if self.league is not None:
+            settings.league.CopyFrom(pb.LeagueSettings(
+                enabled=True, opponent_exploration=c.league.opponent_exploration))
         return pb.Welcome(learner_id=self.learner_id, policy_version=version, settings=settings,
                           batch_fields=self.batch_fields)
 
@@ -307,6 +328,10 @@ class Learner:
             raise wire.WireError(f"policy_version must be in [0, {newest}] (the newest version this learner or "
                                  f"the actor's Hello knows), got {batch.policy_version}")
         n = batch.num_transitions
+        if self.league is not None:
+            self.league.check(batch)
+        elif batch.games or batch.opponents:
+            raise wire.WireError("this learner keeps no league: a batch must not carry games or opponents")
         arrays = wire.decode_batch(batch.payload, batch.codec, self.fields, n, self.config.max_message_bytes)
         priorities = wire.decode_priorities(batch.priorities, n)
         self._acquire_insert(stream, n)
@@ -324,6 +349,8 @@ class Learner:
                 self.replay.write(reservation)  # no lock: other streams copy their batches meanwhile
                 with self.replay_lock:
                     self.replay.commit(reservation)
+                    if self.league is not None:  # with the batch, under the same lock: exactly once
+                        self.league.record(batch)
                     self.inserted_batches += 1
                     record.transitions += n
                     inserted = True
@@ -441,19 +468,30 @@ class Learner:
             self.version += 1
             self.publish()
         if self.updates % 100 == 0:
-            self.telemetry.scalars({**metrics, **self._rates()}, self.updates)
+            league = self.league.scalars() if self.league is not None else {}
+            self.telemetry.scalars({**metrics, **self._rates(), **league}, self.updates)
 
     def publish(self) -> None:
         """Broadcast the current policy as ``self.version``."""
         self.broadcast.publish(self.version, self.algorithm.policy_state_dict())
+        if self.league is not None:
+            self.league.published(self.version, self.broadcast.payload)
 
     def evaluate(self) -> EvalResult:
         """Greedy episodes with the latest published policy, decoded from the same bytes actors get."""
         policy = self._eval_policy
         policy.load_policy_state_dict(wire.decode_state_dict(self.broadcast.payload))
-        result = evaluate(lambda obs: policy.act(obs, 0.0), lambda: make_env(self.config.env, self.config.security),
-                          self.config.eval_episodes, self.config.eval_envs, self.config.seed + 10_000 * self.evaluations,
-                          getattr(policy, "reset_memory", None))
+        if self.league is not None:
+            result = evaluate_league(self.league, policy, self._eval_opponent,
+                                     lambda: make_env(self.config.env, self.config.security),
+                                     (self.observation_space, self.action_space), self.config,
+                                     self.config.seed + 10_000 * self.evaluations)
+            self.telemetry.scalars({f"eval/win_or_draw_vs/{r.opponent}": (r.wins + r.draws) / (r.wins + r.draws + r.losses)
+                                    for r in self.league.evaluation}, self.env_steps)
+        else:
+            result = evaluate(lambda obs: policy.act(obs, 0.0), lambda: make_env(self.config.env, self.config.security),
+                              self.config.eval_episodes, self.config.eval_envs,
+                              self.config.seed + 10_000 * self.evaluations, getattr(policy, "reset_memory", None))
         self.evaluations += 1
         self.eval_mean = result.mean
         self.telemetry.scalars({telemetry.EVAL_MEAN_RETURN: result.mean, telemetry.EVAL_STD_RETURN: result.std}, self.env_steps)
@@ -483,11 +521,14 @@ class Learner:
                              "samples": self.limiter.samples, "shift": self.limiter.shift,
                              "parameters": dict(self.changed_parameters), "world_size": self.world.size}
             replay = self.replay.snapshot(self.replay_lock) if self.config.checkpoint_replay else None
+            league = self.league.state() if self.league is not None else None
         try:
             parts = {"algorithm": self.algorithm.state_dict(), "learner": learner_state, "rng": rng_state(self.device),
                      "run": self.run_record()}
             if replay is not None:
                 parts["replay"] = replay.state()
+            if league is not None:
+                parts["league"] = league
             self.checkpoints.save(step, parts)
         finally:
             if replay is not None:
@@ -580,6 +621,8 @@ class Learner:
         self.version, self.updates, self.env_steps = int(state["version"]), int(state["updates"]), int(state["env_steps"])
         self._seq_table = {str(k): int(v) for k, v in state["seq_table"].items()}
         self._actors = {actor_id: ActorRecord(actor_id) for actor_id in self._seq_table}  # gone since the restore
+        if "league" in parts and self.league is not None:
+            self.league.load_state(parts["league"])
         if "rng" in parts:
             load_rng_state(parts["rng"], self.device)
         logger.info("restored checkpoint %d: version %d, %d items in replay", step, self.version, len(self.replay))
@@ -625,7 +668,8 @@ class Learner:
             eval_mean_return=self.eval_mean if self.evaluations else 0.0,
             eval_best_return=self.eval_best if self.evaluations else 0.0, learner_id=self.learner_id,
             parameters=_parameters(current_values(self.config, self.algorithm_class.name, self.algorithm_config)),
-            changed_parameters=_parameters(self.changed_parameters))
+            changed_parameters=_parameters(self.changed_parameters),
+            league=self.league.status() if self.league is not None else None)
 
     def metrics(self) -> list[Metric]:
         """What the learner exposes to Prometheus, read at each scrape."""
@@ -647,6 +691,7 @@ class Learner:
                    self.limiter.waiting["inserts"]),
             Metric("actor_lag", "Learner version minus the version each connected actor runs.",
                    {r.actor_id: self.version - r.policy_version for r in connected}),
+            *(self.league.metrics() if self.league is not None else []),
         ]
 
     def progress(self) -> dict:
@@ -736,3 +781,6 @@ class Learner:
                 continue
             logger.info("eval after %d updates (version %d): mean %.1f std %.1f min %.0f max %.0f",
                         self.updates, self.version, result.mean, result.std, result.min, result.max)
+            if self.league is not None:
+                logger.info("eval games (wins/draws/losses), rating %.0f: %s", self.league.rating, ", ".join(
+                    f"{r.opponent} {r.wins}/{r.draws}/{r.losses}" for r in self.league.evaluation))

@@ -43,6 +43,8 @@ class Session(Outbox):
         self.relay = stream.record.relay
         self.children: dict[str, ActorStream] = {}  # a relay's actors, by id; under cond
         self.refused: set[str] = set()  # a relay's actors refused since they last joined; under cond
+        self.league_revision = 0  # the league's revision last sent (self-play)
+        self.snapshots_sent: set[str] = set()  # league snapshots whose weights went out on this stream
 
     def sent(self, version: int) -> None:
         """``version`` goes out next; a relay's status shows it as the version the relay holds."""
@@ -264,15 +266,16 @@ class LearnerService(pb_grpc.LearnerServicer):
         logger.info("actor %s joined through relay %s (index %d)", actor_id, session.actor_id, stream.record.index)
 
     def _send(self, session: Session):
-        """Yield acks as they come, the newest policy version whenever one is published, and a new
-        Welcome whenever the learner's settings change."""
+        """Yield acks as they come, the newest policy version whenever one is published, a new
+        Welcome whenever the learner's settings change, and the league whenever it changes."""
         learner = self.learner
-        broadcast, stopping = session.broadcast, learner.stopping
+        broadcast, stopping, league = session.broadcast, learner.stopping, learner.league
         while True:
             with session.cond:
                 while not (session.outbox or session.closed or stopping.is_set()
                            or broadcast.version > session.sent_version
-                           or learner.settings_version > session.settings_version):
+                           or learner.settings_version > session.settings_version
+                           or (league is not None and league.revision > session.league_revision)):
                     session.cond.wait(0.5)
                 outbox = list(session.outbox)
                 session.outbox.clear()
@@ -294,6 +297,9 @@ class LearnerService(pb_grpc.LearnerServicer):
             version, messages = broadcast.latest()
             if version > session.sent_version:
                 session.sent(version)
+                yield from messages
+            if league is not None and league.revision > session.league_revision:
+                session.league_revision, messages = league.menu(session.snapshots_sent)
                 yield from messages
 
 

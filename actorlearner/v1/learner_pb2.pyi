@@ -313,20 +313,34 @@ class StatusResponse(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., updates: _Optional[int] = ..., buffer_size: _Optional[int] = ..., inserted: _Optional[int] = ..., insert_rate: _Optional[float] = ..., sample_rate: _Optional[float] = ..., actors: _Optional[_Iterable[_Union[ActorStatus, _Mapping]]] = ..., env_steps: _Optional[int] = ..., evaluations: _Optional[int] = ..., eval_mean_return: _Optional[float] = ..., eval_best_return: _Optional[float] = ..., learner_id: _Optional[str] = ..., parameters: _Optional[_Iterable[_Union[Parameter, _Mapping]]] = ..., changed_parameters: _Optional[_Iterable[_Union[Parameter, _Mapping]]] = ..., league: _Optional[_Union[LeagueStatus, _Mapping]] = ...) -> None: ...
 
 class LeagueStatus(_message.Message):
-    __slots__ = ("rating", "games", "snapshots", "max_snapshots", "opponents", "unrated_games")
+    __slots__ = ("rating", "games", "snapshots", "max_snapshots", "opponents", "unrated_games", "evaluation")
     RATING_FIELD_NUMBER: _ClassVar[int]
     GAMES_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
     MAX_SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
     OPPONENTS_FIELD_NUMBER: _ClassVar[int]
     UNRATED_GAMES_FIELD_NUMBER: _ClassVar[int]
+    EVALUATION_FIELD_NUMBER: _ClassVar[int]
     rating: float
     games: int
     snapshots: int
     max_snapshots: int
     opponents: _containers.RepeatedCompositeFieldContainer[OpponentStatus]
     unrated_games: int
-    def __init__(self, rating: _Optional[float] = ..., games: _Optional[int] = ..., snapshots: _Optional[int] = ..., max_snapshots: _Optional[int] = ..., opponents: _Optional[_Iterable[_Union[OpponentStatus, _Mapping]]] = ..., unrated_games: _Optional[int] = ...) -> None: ...
+    evaluation: _containers.RepeatedCompositeFieldContainer[EvalRecord]
+    def __init__(self, rating: _Optional[float] = ..., games: _Optional[int] = ..., snapshots: _Optional[int] = ..., max_snapshots: _Optional[int] = ..., opponents: _Optional[_Iterable[_Union[OpponentStatus, _Mapping]]] = ..., unrated_games: _Optional[int] = ..., evaluation: _Optional[_Iterable[_Union[EvalRecord, _Mapping]]] = ...) -> None: ...
+
+class EvalRecord(_message.Message):
+    __slots__ = ("opponent", "wins", "draws", "losses")
+    OPPONENT_FIELD_NUMBER: _ClassVar[int]
+    WINS_FIELD_NUMBER: _ClassVar[int]
+    DRAWS_FIELD_NUMBER: _ClassVar[int]
+    LOSSES_FIELD_NUMBER: _ClassVar[int]
+    opponent: str
+    wins: int
+    draws: int
+    losses: int
+    def __init__(self, opponent: _Optional[str] = ..., wins: _Optional[int] = ..., draws: _Optional[int] = ..., losses: _Optional[int] = ...) -> None: ...
 
 class OpponentStatus(_message.Message):
     __slots__ = ("opponent", "wins", "draws", "losses", "transitions")

@@ -1,0 +1,124 @@
+"""The actor's side of the league: the newest menu, snapshot weights, and players built from them."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from actorlearner.algorithms import Algorithm
+from actorlearner.league.league import SELF
+from actorlearner.league.seat import Player
+from actorlearner.v1 import learner_pb2 as pb
+
+
+def load_scripted(name: str, observation_space: gym.Space, action_space: gym.Space, seed: int):
+    """The act callable of scripted player ``module:function`` (its factory called with the seat's spaces)."""
+    module_name, _, attribute = name.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"cannot load scripted player {name!r}: {exc}") from None
+    act = factory(observation_space, action_space, seed)
+    if not callable(act):
+        raise ValueError(f"scripted player {name!r} returned a {type(act).__name__}, not a callable observation -> action")
+    return act
+
+
+class ScriptedPlayer:
+    def __init__(self, name: str, act: Callable[[Any], Any]):
+        self.id, self._act = name, act
+
+    def begin(self) -> None:
+        pass
+
+    def act(self, observation):
+        return self._act(observation)
+
+
+class PolicyPlayer:
+    """An algorithm's policy as a player: one observation at a time, with ``exploration``."""
+
+    def __init__(self, player_id: str, algorithm: Algorithm, observation_space: gym.Space, exploration: float):
+        self.id, self.algorithm, self.exploration = player_id, algorithm, exploration
+        self._space = observation_space
+        self._batch = gym.vector.utils.create_empty_array(observation_space, 1)
+
+    def begin(self) -> None:
+        if hasattr(self.algorithm, "reset_memory"):
+            self.algorithm.reset_memory(np.ones(1, bool))
+
+    def act(self, observation):
+        batch = gym.vector.utils.concatenate(self._space, [observation], self._batch)
+        return self.algorithm.act(batch, self.exploration)[0]
+
+
+class OpponentPool:
+    """Draws each game's opponent from the newest LeagueUpdate.
+
+    ``build`` makes a fresh algorithm (the learning policy's kind) for snapshots and for the
+    current policy as an opponent; players are kept per env slot when the algorithm is
+    recurrent (each game its own memory), else shared. Used by the env loop's thread only.
+    """
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, seed: int):
+        self.observation_space, self.action_space = observation_space, action_space
+        self.rng = np.random.default_rng(seed)
+        self.seed = seed
+        self.build: Callable[[], Algorithm] | None = None
+        self.exploration = 0.0
+        self.menu: list[pb.Opponent] = []
+        self.snapshots: dict[str, dict[str, torch.Tensor]] = {}
+        self.current: tuple[int, Algorithm | None] = (-1, None)  # (version, the actor's own algorithm)
+        self._players: dict[tuple[str, int], Any] = {}
+        self._self_versions: dict[int, int] = {}  # slot -> version loaded into its "self" player
+
+    def reset(self, build: Callable[[], Algorithm], exploration: float) -> None:
+        """A new network (a Welcome with another algorithm or config): every built player goes."""
+        self.build, self.exploration = build, exploration
+        self._players.clear()
+        self._self_versions.clear()
+        self.snapshots.clear()
+
+    def update(self, menu: pb.LeagueUpdate | None, snapshots: Mapping[str, dict[str, torch.Tensor]]) -> None:
+        self.snapshots.update(snapshots)
+        if menu is not None:
+            self.menu = list(menu.opponents)
+            live = {o.id for o in self.menu}
+            self.snapshots = {k: v for k, v in self.snapshots.items() if k in live}
+            self._players = {key: p for key, p in self._players.items() if key[0] in live or key[0] == SELF}
+
+    def draw(self, slot: int) -> Player:
+        """An opponent for a new game in env ``slot``: by the menu's weights among those playable here."""
+        choices = [o for o in self.menu if o.weight > 0 and (o.script or o.id == SELF or o.id in self.snapshots)]
+        if choices:
+            weights = np.array([o.weight for o in choices])
+            chosen = choices[int(self.rng.choice(len(choices), p=weights / weights.sum()))]
+        else:
+            chosen = pb.Opponent(id=SELF, version=-1)
+        return self._player(chosen, slot)
+
+    def _player(self, opponent: pb.Opponent, slot: int) -> Player:
+        recurrent = self.current[1] is not None and hasattr(self.current[1], "reset_memory")
+        key = (opponent.id, slot if recurrent else -1)
+        player = self._players.get(key)
+        if player is None:
+            if opponent.script:
+                player = ScriptedPlayer(opponent.id, load_scripted(opponent.script, self.observation_space,
+                                                                   self.action_space, self.seed + slot))
+            else:
+                algorithm = self.build()
+                if opponent.id != SELF:
+                    algorithm.load_policy_state_dict(self.snapshots[opponent.id])
+                player = PolicyPlayer(opponent.id, algorithm, self.observation_space, self.exploration)
+            self._players[key] = player
+        if opponent.id == SELF:
+            version, algorithm = self.current
+            if self._self_versions.get(key[1]) != version and algorithm is not None:
+                player.algorithm.load_policy_state_dict(algorithm.policy_state_dict())
+                self._self_versions[key[1]] = version
+        return player
