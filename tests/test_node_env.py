@@ -1,7 +1,9 @@
-"""The hand-written Node.js environment in examples/node-env against actorlearner.
+"""The hand-written Node.js environments in examples/node-env against actorlearner.
 
 Starts the real Node server and checks it with gymnasium's env checker through RemoteEnv,
-checks its in-stream errors and session cap with raw stubs, and trains on it briefly.
+checks its in-stream errors and session cap with raw stubs, and trains on it briefly. Plays
+the two-player duel.js through RemoteMultiAgentEnv beside its Python twin, field by field,
+and checks its in-stream errors.
 Skipped only when `node` is not on PATH; missing node_modules are installed with `npm ci`.
 """
 
@@ -18,6 +20,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from multiagent_envs import Duel
+from test_multiagent_env import play_both
 
 from actorlearner import specs
 from actorlearner.v1 import env_pb2 as pb
@@ -31,9 +35,9 @@ INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 pytestmark = pytest.mark.skipif(NODE is None, reason="node is not on PATH: cannot run examples/node-env")
 
 
-def start_server(*args: str) -> tuple[subprocess.Popen, int]:
-    """``node server.js --port 0``; returns the process and the port it printed."""
-    proc = subprocess.Popen([NODE, "server.js", "--port", "0", *args], cwd=NODE_ENV, stdout=subprocess.PIPE, text=True)
+def start_server(*args: str, script: str = "server.js") -> tuple[subprocess.Popen, int]:
+    """``node SCRIPT --port 0``; returns the process and the port it printed."""
+    proc = subprocess.Popen([NODE, script, "--port", "0", *args], cwd=NODE_ENV, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     match = re.search(r"listening on [\d.]+:(\d+)", line)
     if not match:
@@ -212,3 +216,112 @@ def test_training_run(port, stub, tmp_path):
     result = json.loads(lines[-1])
     assert result["updates"] > 0 and result["policy_version"] > 0, result
     assert result["eval_return"] is not None and result["eval_return"] > baseline + 0.5, (result, baseline)
+
+
+# ---------------------------------------------------------------------------------
+# duel.js: two players, one of whom may leave while the other runs on.
+# ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def duel_port(installed):
+    proc, port = start_server(script="duel.js")
+    yield port
+    assert stop_server(proc) == 0, "the node duel server should exit 0 on SIGTERM"
+
+
+def test_duel_spec(duel_port):
+    with grpc.insecure_channel(f"127.0.0.1:{duel_port}") as channel:
+        spec = pb_grpc.EnvironmentStub(channel).GetSpec(pb.GetSpecRequest(), timeout=10)
+    twin = Duel()
+    assert spec.env_id == "node-duel-v0" and spec.max_episode_steps == Duel.MAX_STEPS
+    assert [a.name for a in spec.agents] == twin.possible_agents
+    assert not spec.HasField("observation_space") and not spec.HasField("action_space")
+    for agent in spec.agents:
+        assert specs.space_from_proto(agent.observation_space) == twin.observation_space(agent.name)
+        assert specs.space_from_proto(agent.action_space) == twin.action_space(agent.name)
+
+
+def toward_beacon(greed: dict[str, float]):
+    """A runner's move: the step toward its beacon with probability ``greed[runner]``, else random."""
+    def choose(agent, observation, rng):
+        if rng.random() >= greed[agent]:
+            return np.int64(rng.integers(4))
+        dx, dy = observation[2] - observation[0], observation[3] - observation[1]
+        return np.int64(1 if dx > 0 else 0 if dx < 0 else 3 if dy > 0 else 2)
+    return choose
+
+
+def test_duel_round_trips_every_per_agent_field_including_a_runner_that_leaves(duel_port):
+    from actorlearner.envs import RemoteMultiAgentEnv, make_env
+
+    remote, twin = make_env(f"grpc://127.0.0.1:{duel_port}"), Duel()
+    try:
+        assert isinstance(remote, RemoteMultiAgentEnv) and remote.possible_agents == ["red", "blue"]
+        events = play_both(remote, twin, [0, 1, 2, 3, 4, 5, 2**62 + 7, 2**63 - 1],
+                           toward_beacon({"red": 0.9, "blue": 0.2}))
+        observations, infos = remote.reset()  # unseeded: the server's own stream
+        assert set(observations) == set(infos) == set(remote.agents) == {"red", "blue"}
+    finally:
+        remote.close()
+    # A runner arrived while the other ran on, alone, in a later step; episodes ended by
+    # arrival and by the time limit.
+    alone = [i for i, (_, want, live) in enumerate(events) if len(live) == 1 and len(want[0]) == 2]
+    assert alone, "no episode where one runner left before the other"
+    for i in alone:
+        (leaver,) = [agent for agent, done in events[i][1][2].items() if done]
+        actions, want, _ = events[i + 1]
+        assert leaver not in actions and all(leaver not in field for field in want)
+        assert events[i][1][4][leaver]["result"] == "first" and events[i][1][1][leaver] == 1.0
+    ends = [want for _, want, live in events if not live]
+    assert any(any(want[2].values()) for want in ends) and any(any(want[3].values()) for want in ends)
+
+
+def test_duel_in_stream_errors(duel_port):
+    def act(agent: str, value, dtype: str = "int64") -> pb.AgentAction:
+        return pb.AgentAction(agent=agent, action=pb.Value(tensor=specs.tensor_to_proto(np.asarray(value, dtype))))
+
+    with grpc.insecure_channel(f"127.0.0.1:{duel_port}") as channel:
+        stub = pb_grpc.EnvironmentStub(channel)
+        session, twin = Session(stub), Session(stub)
+        both = [act("red", 1), act("blue", 2)]
+        try:
+            assert session.send(step=pb.StepRequest(actions=both)).error.code == FAILED_PRECONDITION
+            body = session.reset(seed=11).reset
+            assert body == twin.reset(seed=11).reset
+            bad = {
+                "unknown agent": [*both, act("green", 0)],
+                "two actions": [*both, act("red", 0)],
+                "no action for acting agents blue": both[:1],
+                "outside the action space": [act("red", 4), both[1]],
+                "int64": [act("red", 1, "int32"), both[1]],
+            }
+            for expected, actions in bad.items():
+                reply = session.send(step=pb.StepRequest(actions=actions))
+                assert reply.error.code == INVALID_ARGUMENT and expected in reply.error.message, (expected, reply)
+            reply = session.step(1)  # a single-agent step
+            assert reply.error.code == INVALID_ARGUMENT and "several agents" in reply.error.message
+            # Refused steps changed nothing: the session plays on exactly as its twin until a
+            # runner leaves.
+            choose, rng, live = toward_beacon({"red": 1.0, "blue": 0.2}), np.random.default_rng(0), ["red", "blue"]
+            while live == ["red", "blue"]:
+                request = pb.StepRequest(actions=[act(s.agent, choose(s.agent, np.frombuffer(
+                    s.observation.tensor.data, "<f4"), rng)) for s in body.agents])
+                reply = session.send(step=request)
+                assert reply == twin.send(step=request)
+                body, live = reply.step, list(reply.step.live_agents)
+            assert len(live) == 1, "both runners left in the same step: pick another seed"
+            (gone,) = {"red", "blue"} - set(live)
+            reply = session.send(step=pb.StepRequest(actions=both))
+            assert reply.error.code == INVALID_ARGUMENT and f'agent "{gone}" is not to act now' in reply.error.message
+            alone = [a for a in both if a.agent in live]
+            for _ in range(Duel.MAX_STEPS):  # the other runs on alone until it leaves too; then step is refused
+                reply = session.send(step=pb.StepRequest(actions=alone))
+                if reply.WhichOneof("kind") == "error":
+                    break
+                assert list(reply.step.live_agents) in (live, [])
+            assert reply.error.code == FAILED_PRECONDITION and "reset" in reply.error.message
+            assert session.reset(seed=3).WhichOneof("kind") == "reset"
+        finally:
+            session.close()
+            twin.close()
