@@ -16,6 +16,7 @@ from actorlearner.envs import RemoteEnv, RemoteEnvError, RemoteMultiAgentEnv, ma
 from actorlearner.envs.multiagent import acting
 from actorlearner.envs.server import serve
 from actorlearner.envs.tictactoe import TicTacToe
+from actorlearner.transport import SecurityConfig
 from actorlearner.v1 import env_pb2 as pb
 from actorlearner.v1 import env_pb2_grpc as pb_grpc
 
@@ -118,6 +119,20 @@ def test_a_multi_agent_server_needs_the_multi_agent_client_and_vice_versa():
         remote = make_env(f"grpc://127.0.0.1:{port}")
         assert isinstance(remote, RemoteEnv)
         remote.close()
+
+
+def test_a_token_secures_a_multi_agent_server_as_any_other():
+    secured = SecurityConfig(auth_token="multi-agent-token")
+    with serve(lambda: make_env(TIC_TAC_TOE), "ttt", security=secured) as (service, port):
+        for stranger in (None, SecurityConfig(auth_token="wrong")):
+            with pytest.raises(RemoteEnvError) as refused:
+                RemoteMultiAgentEnv(f"127.0.0.1:{port}", timeout=5, security=stranger)
+            assert refused.value.code == grpc.StatusCode.UNAUTHENTICATED
+        env = make_env(f"grpc://127.0.0.1:{port}", secured)
+        observations, _ = env.reset(seed=0)
+        assert list(observations) == ["x"] and "o" in env.step({"x": 4})[0]
+        env.close()
+        wait_until(lambda: service.active == 0, 30, "the session closed")
 
 
 def agent_action(agent: str, value, dtype="int64") -> pb.AgentAction:
