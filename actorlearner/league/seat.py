@@ -115,8 +115,8 @@ class SeatEnv(gym.Env):
         return self.seat in self._acting()
 
     def _opponent_moves(self) -> None:
-        """The opponent moves until the seat is to act or nobody is."""
-        while self.env.agents and self._acting() and not self._seat_acts():
+        """The opponent moves until the seat is to act, has left, or nobody is to act."""
+        while self.seat in self.env.agents and self._acting() and not self._seat_acts():
             self._step({})
 
     def _play_out(self) -> None:
