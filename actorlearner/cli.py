@@ -342,11 +342,13 @@ def status_command(address: str, as_json: bool, timeout: float, security: Securi
                "eval_mean_return": status.eval_mean_return if status.evaluations else None,
                "parameters": {p.name: p.value for p in status.parameters},
                "changed_parameters": {p.name: p.value for p in status.changed_parameters}, "actors": actors}
+    if status.HasField("league"):
+        summary["league"] = league_summary(status.league)
     if as_json:
         print(json.dumps(summary))
         return 0
     for key, value in summary.items():
-        if key not in ("actors", "parameters", "changed_parameters"):
+        if key not in ("actors", "parameters", "changed_parameters", "league"):
             print(f"{key:18s} {value}")
     for name, value in summary["parameters"].items():
         changed = " (set while running)" if name in summary["changed_parameters"] else ""
@@ -356,7 +358,29 @@ def status_command(address: str, as_json: bool, timeout: float, security: Securi
         via = "(relay)" if a["relay"] else a["via"]
         print(f"{a['id']:24s} {a['policy_version']:8d} {a['lag']:5d} {a['batches_per_second']:10.2f} "
               f"{a['inserted']:8d} {a['duplicates']:6d} {a['connected']!s:9s} {via}")
+    if "league" in summary:
+        league = summary["league"]
+        print(f"league: rating {league['rating']:.0f}, {league['games']} games, "
+              f"{league['snapshots']}/{league['max_snapshots']} snapshots")
+        print(f"{'opponent':40s} {'rating':>7s} {'draw':>6s} {'W/D/L':>16s} {'eval W/D/L':>14s}")
+        for o in league["opponents"]:
+            evaluated = "/".join(map(str, o["eval"])) if o["eval"] else "-"
+            rating = "-" if o["rating"] is None else f"{o['rating']:.0f}"
+            print(f"{o['id']:40s} {rating:>7s} {o['weight']:6.3f} {o['wins']:>5d}/{o['draws']}/{o['losses']:<5d} "
+                  f"{evaluated:>14s}")
     return 0
+
+
+def league_summary(league: pb.LeagueStatus) -> dict:
+    """The league part of ``status``: the current rating and each opponent's record, rating and evaluation."""
+    evaluated = {r.opponent: (r.wins, r.draws, r.losses) for r in league.evaluation}
+    opponents = [{"id": o.opponent.id, "rating": round(o.opponent.rating, 1), "weight": round(o.opponent.weight, 4),
+                  "wins": o.wins, "draws": o.draws, "losses": o.losses, "eval": evaluated.pop(o.opponent.id, None)}
+                 for o in league.opponents]
+    opponents += [{"id": name, "rating": None, "weight": 0.0, "wins": 0, "draws": 0, "losses": 0, "eval": record}
+                  for name, record in evaluated.items()]  # evaluation-only scripted players
+    return {"rating": round(league.rating, 1), "games": league.games, "snapshots": league.snapshots,
+            "max_snapshots": league.max_snapshots, "unrated_games": league.unrated_games, "opponents": opponents}
 
 
 def set_command(address: str, assignments: list[str], timeout: float, security: SecurityConfig) -> int:

@@ -219,7 +219,7 @@ def test_tic_tac_toe_through_the_env_server_cli():
         remote, local = make_env(f"grpc://127.0.0.1:{port}"), TicTacToe()
         try:
             def choose(agent, observation, rng):  # mostly legal moves, now and then a taken cell
-                empty = np.flatnonzero(np.asarray(observation)[18:] > 0.5)
+                empty = np.flatnonzero(observation["action_mask"])
                 return np.int64(rng.integers(9) if rng.random() < 0.1 else rng.choice(empty))
 
             events = play_both(remote, local, range(12), choose)
@@ -238,22 +238,22 @@ def test_make_env_and_make_vector_env_with_several_agents():
         make_env("multiagent_envs:no_agents")
     with pytest.raises(ValueError, match="cannot render 'rgb_array'.*multi-agent"):
         make_env(TIC_TAC_TOE, render_mode="rgb_array")
-    with pytest.raises(ValueError, match="multi-agent env needs self-play \\(--league\\)"):
+    with pytest.raises(ValueError, match="multi-agent env trains by self-play"):
         make_vector_env(TIC_TAC_TOE, 2)
     with serve(lambda: make_env(TIC_TAC_TOE), "ttt") as (service, port):
         with pytest.raises(ValueError, match="cannot render"):
             make_env(f"grpc://127.0.0.1:{port}", render_mode="rgb_array")
-        with pytest.raises(ValueError, match="'x', 'o'.*needs self-play"):
+        with pytest.raises(ValueError, match="'x', 'o'.*trains by self-play"):
             make_vector_env(f"grpc://127.0.0.1:{port}", 2)
         wait_until(lambda: service.active == 0, 30, "the refused env's session closed")
         envs = make_vector_env(f"grpc://127.0.0.1:{port}", 2, wrap=x_against_random)
         try:
             observations, _ = envs.reset(seed=0)
-            assert observations.shape == (2, 27)
+            assert observations["observation"].shape == (2, 27)
             wait_until(lambda: service.active == 2, 30, "two sessions, the probe's closed")
             for _ in range(20):
                 observations, *_ = envs.step(envs.action_space.sample())
-            assert observations.shape == (2, 27)
+            assert observations["observation"].shape == (2, 27)
         finally:
             envs.close()
     def zeroed(env):  # a wrap applies to single-agent envs too

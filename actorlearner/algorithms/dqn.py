@@ -39,9 +39,11 @@ from actorlearner.networks import (
     BranchingDuelingHead,
     ObservationEncoder,
     action_branches,
+    action_mask_key,
     field_name,
     leaf_arrays,
     leaf_fields,
+    mask_q,
 )
 
 
@@ -124,15 +126,18 @@ def apex_epsilons(num_actors: int, base: float = 0.4, alpha: float = 7.0) -> lis
 
 
 class QNetwork(nn.Module):
-    """Observations (a dict of leaf tensors) -> Q values [B, D, N_max], one dueling head per action branch."""
+    """Observations (a dict of leaf tensors) -> Q values [B, D, N_max], one dueling head per action branch;
+    an ``action_mask`` observation entry masks illegal actions (see `action_mask_key`)."""
 
     def __init__(self, observation_space: gym.Space, branches: ActionBranches, config: DQNConfig):
         super().__init__()
         self.encoder = ObservationEncoder(observation_space, config.hidden_sizes, config.channel_order)
         self.head = BranchingDuelingHead(self.encoder.output_dim, branches.sizes, config.dueling)
+        self.mask_key = action_mask_key(observation_space, branches)
 
     def forward(self, obs: Mapping[str, Tensor]) -> Tensor:
-        return self.head(self.encoder(obs))
+        q = self.head(self.encoder(obs))
+        return q if self.mask_key is None else mask_q(q, obs[self.mask_key])
 
 
 class GreedyQPolicy(nn.Module):
@@ -172,11 +177,16 @@ class ApeXQLearner:
         num_actors = max(num_actors, 1)
         return apex_epsilons(num_actors, self.config.epsilon_base, self.config.epsilon_alpha)[actor_index % num_actors]
 
-    def epsilon_greedy(self, greedy: np.ndarray, exploration: np.ndarray | float) -> np.ndarray:
-        """Env actions from greedy branch indices [E, D]: each row all random with probability ``exploration``."""
+    def epsilon_greedy(self, greedy: np.ndarray, exploration: np.ndarray | float,
+                       legal: Tensor | None = None) -> np.ndarray:
+        """Env actions from greedy branch indices [E, D]: each row all random with probability ``exploration``
+        (uniform over the actions ``legal`` [E, N] marks 1, when the observation masks actions)."""
         n = greedy.shape[0]
         explore = self._rng.random(n) < np.broadcast_to(np.asarray(exploration, dtype=np.float64), (n,))
-        random_actions = (self._rng.random(greedy.shape) * np.asarray(self.branches.sizes)).astype(np.int64)
+        if legal is not None:
+            random_actions = (self._rng.random(legal.shape) * (legal.cpu().numpy() >= 0.5)).argmax(-1)[:, None]
+        else:
+            random_actions = (self._rng.random(greedy.shape) * np.asarray(self.branches.sizes)).astype(np.int64)
         return self.branches.from_indices(np.where(explore[:, None], random_actions, greedy))
 
     def retune(self, config: Any) -> None:
@@ -248,7 +258,8 @@ class DQN(ApeXQLearner):
         """Epsilon-greedy actions (all branches random together) in the env's action values."""
         leaves = {key: torch.as_tensor(array, device=self.device)
                   for key, array in leaf_arrays(self.observation_space, obs).items()}
-        return self.epsilon_greedy(self.online(leaves).argmax(dim=-1).cpu().numpy(), exploration)
+        legal = leaves[self.online.mask_key] if self.online.mask_key else None
+        return self.epsilon_greedy(self.online(leaves).argmax(dim=-1).cpu().numpy(), exploration, legal)
 
     @torch.no_grad()
     def initial_priorities(self, fields: Mapping[str, Tensor]) -> Tensor:

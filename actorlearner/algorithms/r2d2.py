@@ -34,9 +34,11 @@ from actorlearner.networks import (
     BranchingDuelingHead,
     ObservationEncoder,
     action_branches,
+    action_mask_key,
     field_name,
     leaf_arrays,
     leaf_fields,
+    mask_q,
 )
 
 
@@ -105,13 +107,15 @@ class RecurrentQNetwork(nn.Module):
         self.core = core(self.encoder.output_dim, config.core_size, batch_first=True)
         self.head = BranchingDuelingHead(config.core_size, branches.sizes, config.dueling)
         self.state_names = ("h", "c") if config.core == "lstm" else ("h",)
+        self.mask_key = action_mask_key(observation_space, branches)
 
     def forward(self, obs: Mapping[str, Tensor], state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         batch, steps = next(iter(obs.values())).shape[:2]
         features = self.encoder({key: value.flatten(0, 1) for key, value in obs.items()})
         out, new = self.core(features.view(batch, steps, -1), self._pack(state))
         q = self.head(out.flatten(0, 1))
-        return q.view(batch, steps, *q.shape[1:]), self._unpack(new)
+        q = q.view(batch, steps, *q.shape[1:])
+        return q if self.mask_key is None else mask_q(q, obs[self.mask_key]), self._unpack(new)
 
     def _pack(self, state: dict[str, Tensor]):
         parts = tuple(state[name].unsqueeze(0).contiguous() for name in self.state_names)  # [1, B, H]: one layer
@@ -215,7 +219,8 @@ class R2D2(ApeXQLearner):
                  for name, value in self.memory.current(num_envs).items()}
         q, new_state = self.online(leaves, state)
         self.memory.advance({name: value.cpu().numpy() for name, value in new_state.items()})
-        return self.epsilon_greedy(q[:, 0].argmax(dim=-1).cpu().numpy(), exploration)
+        legal = leaves[self.online.mask_key][:, 0] if self.online.mask_key else None
+        return self.epsilon_greedy(q[:, 0].argmax(dim=-1).cpu().numpy(), exploration, legal)
 
     def reset_memory(self, envs: np.ndarray) -> None:
         """Forget the recurrent state of the envs where ``envs`` [E] is True (their episodes begin)."""

@@ -78,7 +78,7 @@ def _make_wrapped(name: str, security: SecurityConfig | None, wrap) -> gym.Env:
             return wrap(env)
         if is_multi_agent(env):
             raise ValueError(f"{name} is a multi-agent env (agents {', '.join(map(repr, env.possible_agents))}): "
-                             "a multi-agent env needs self-play (--league) to train")
+                             "a multi-agent env trains by self-play, one seat at a time (wrap it in a SeatEnv)")
     except BaseException:
         env.close()
         raise

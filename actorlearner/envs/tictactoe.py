@@ -1,11 +1,13 @@
 """Tic-tac-toe as a two-player, turn-based multi-agent env, with two scripted players.
 
-Use it as ``--env actorlearner.envs.tictactoe:tic_tac_toe`` and
-``--league-scripted actorlearner.envs.tictactoe:random_player,actorlearner.envs.tictactoe:heuristic_player``.
+Use it as ``--env actorlearner.envs.tictactoe:tic_tac_toe``, with ``--league-scripted
+actorlearner.envs.tictactoe:random_player`` (an opponent to train against) and
+``--league-eval-scripted actorlearner.envs.tictactoe:heuristic_player`` (one to be measured against).
 
-Each player sees the board from its own side: 27 floats, three planes of 9 cells (its own
-marks, the opponent's marks, empty cells). Actions are cells 0..8, row by row. A move on a
-taken cell loses the game on the spot. Rewards: +1 to the winner, -1 to the loser, 0 each on a draw.
+Each player sees the board from its own side, PettingZoo-style: ``observation``, 27 floats in
+three planes of 9 cells (its own marks, the opponent's marks, empty cells), and
+``action_mask``, 1 for each empty cell. Actions are cells 0..8, row by row. A move on a taken
+cell loses the game on the spot (the built-in Q-learners never make one: they read the mask). Rewards: +1 to the winner, -1 to the loser, 0 each on a draw.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ class TicTacToe:
     def __init__(self):
         self.possible_agents = list(PLAYERS)
         self.agents: list[str] = []
-        self._observation_space = spaces.Box(0.0, 1.0, (27,), np.float32)
+        self._observation_space = spaces.Dict({"observation": spaces.Box(0.0, 1.0, (27,), np.float32),
+                                               "action_mask": spaces.MultiBinary(9)})
         self._action_space = spaces.Discrete(9)
         self.board = np.zeros(9, np.int8)  # 0 empty, 1 x, 2 o
         self.to_move = 0
@@ -76,10 +79,11 @@ class TicTacToe:
         return observe(self.board, player + 1)
 
 
-def observe(board: np.ndarray, mark: int) -> np.ndarray:
-    """The 27-float view of ``board`` for the player whose cells hold ``mark``."""
+def observe(board: np.ndarray, mark: int) -> dict[str, np.ndarray]:
+    """The view of ``board`` for the player whose cells hold ``mark``."""
     other = 3 - mark
-    return np.concatenate([board == mark, board == other, board == 0]).astype(np.float32)
+    return {"observation": np.concatenate([board == mark, board == other, board == 0]).astype(np.float32),
+            "action_mask": (board == 0).astype(np.int8)}
 
 
 def winner_of(board: np.ndarray) -> int:
@@ -97,7 +101,7 @@ def tic_tac_toe() -> TicTacToe:
 
 def _cells(observation: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(mine, theirs, empty) boolean cells of a player's observation."""
-    planes = np.asarray(observation).reshape(3, 9) > 0.5
+    planes = np.asarray(observation["observation"]).reshape(3, 9) > 0.5
     return planes[0], planes[1], planes[2]
 
 

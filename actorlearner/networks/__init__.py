@@ -5,6 +5,8 @@ from actorlearner.networks.heads import (
     ActionBranches,
     BranchingDuelingHead,
     action_branches,
+    action_mask_key,
+    mask_q,
 )
 from actorlearner.networks.leaves import (
     UnsupportedSpace,
@@ -16,5 +18,5 @@ from actorlearner.networks.leaves import (
 
 __all__ = [
     "ActionBranches", "BranchingDuelingHead", "ObservationEncoder", "UnsupportedSpace",
-    "action_branches", "field_name", "leaf_arrays", "leaf_fields", "leaf_spaces",
+    "action_branches", "action_mask_key", "field_name", "leaf_arrays", "leaf_fields", "leaf_spaces", "mask_q",
 ]

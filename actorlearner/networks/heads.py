@@ -91,3 +91,25 @@ class BranchingDuelingHead(nn.Module):
             q = self.value(h) + q - (sums / self.size_of_branch)[:, self.branch]
         padded = torch.full((h.shape[0], len(self.sizes) * self.n_max), float("-inf"), dtype=q.dtype, device=q.device)
         return padded.index_copy(1, self.padded_index, q).view(h.shape[0], len(self.sizes), self.n_max)
+
+
+MASK_KEY = "action_mask"
+"""The Dict observation entry that marks legal actions (PettingZoo's convention): 1 legal, 0 not."""
+ILLEGAL_Q = -1e9
+"""What a masked Q value becomes: never the argmax while any action is legal, finite so that a
+terminal next state (every action masked, discount 0) still gives a finite target."""
+
+
+def action_mask_key(observation_space: gym.Space, branches: ActionBranches) -> str | None:
+    """The observation leaf masking illegal actions, if the space has one: a Dict entry ``action_mask``
+    of one 0/1 per action of a single discrete branch (MultiBinary(n) or a Box of shape (n,))."""
+    if not isinstance(observation_space, spaces.Dict) or MASK_KEY not in observation_space.spaces:
+        return None
+    leaf = observation_space[MASK_KEY]
+    fits = isinstance(leaf, (spaces.MultiBinary, spaces.Box)) and tuple(leaf.shape) == branches.sizes
+    return MASK_KEY if fits and len(branches.sizes) == 1 else None
+
+
+def mask_q(q: Tensor, legal: Tensor) -> Tensor:
+    """Q values ``[..., 1, N]`` with the actions ``legal`` ``[..., N]`` marks 0 set to `ILLEGAL_Q`."""
+    return q.masked_fill((legal < 0.5).unsqueeze(-2), ILLEGAL_Q)
