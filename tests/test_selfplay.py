@@ -3,6 +3,10 @@ learner sessions and batches that carry games (exactly once, checkpoints, hostil
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import urllib.request
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +20,7 @@ from actorlearner.league.opponents import ScriptedPlayer
 from actorlearner.league.ratings import INITIAL_RATING, expected_score
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.server import serve
+from actorlearner.metrics import serve_metrics
 from actorlearner.v1 import learner_pb2 as pb
 from procs import wait_until
 from streams import RawStream
@@ -272,6 +277,18 @@ def test_a_self_play_session_gets_league_settings_snapshot_weights_and_the_menu(
                                     and len(m.league.opponents) == 4), None), 30, "the menu with both snapshots")
     assert [o.id for o in menu.opponents] == [SELF, RANDOM, "v2", "v4"]
     stream.close()
+    server, metrics_port = serve_metrics("127.0.0.1", 0, learner.metrics)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+            scraped = response.read().decode()
+    finally:
+        server.shutdown()
+    assert "actorlearner_league_rating 1000.0" in scraped and "actorlearner_league_snapshots 2.0" in scraped
+    assert 'actorlearner_league_opponent_rating{opponent="v4"} 1000.0' in scraped
+    printed = subprocess.run([sys.executable, "-m", "actorlearner", "status", "--learner", address],
+                             capture_output=True, text=True, timeout=60)
+    assert printed.returncode == 0, printed.stderr
+    assert "league: rating 1000, 0 games, 2/3 snapshots" in printed.stdout and RANDOM in printed.stdout
 
 
 def test_games_count_once_however_often_their_batch_comes(ttt_learner):
@@ -374,3 +391,29 @@ def test_self_play_learns_tic_tac_toe_that_beats_random_play_and_holds_the_heuri
     finally:
         codes = stop(*actors, learner)
     assert codes == [0, 0, 0]
+
+
+def test_r2d2_plays_self_play_on_a_game_served_by_env_server_in_real_processes(tmp_path):
+    """The recurrent Q-learner fits a discrete game too: actors and learner reach tic-tac-toe through
+    `actorlearner env-server` (grpc://), games are counted, snapshots taken, ratings reach
+    TensorBoard, and SIGTERM ends all cleanly."""
+    from procs import start_actor, start_learner, status, stop
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from test_remote_env import start_env_server
+    server, env_port = start_env_server(TICTACTOE)
+    env = f"grpc://127.0.0.1:{env_port}"
+    learner, port = start_learner("--env", env, "--algorithm", "r2d2", "--min-replay-size", "64", "--batch-size", "16",
+                                  "--publish-every", "2", "--eval-every", "0", "--league-snapshot-every", "2",
+                                  "--league-max-snapshots", "2", "--num-actors", "1", "--logdir", str(tmp_path / "tb"))
+    actor = start_actor(port, "r2d2-player", "--env", env)
+    try:
+        league = wait_until(lambda: (s := status(port).league).games >= 30 and s.snapshots == 2 and s, 240,
+                            "30 games and two snapshots")
+        wait_until(lambda: status(port).updates >= 100, 240, "100 updates (TensorBoard scalars every 100)")
+        recorded = sum(o.wins + o.draws + o.losses for o in league.opponents) + league.unrated_games
+        assert 0 < recorded <= league.games, "dropped snapshots take their records with them"
+    finally:
+        codes = stop(actor, learner, server)
+    assert codes == [0, 0, 0]
+    tags = EventAccumulator(str(tmp_path / "tb")).Reload().Tags()["scalars"]
+    assert {"league/rating", "league/snapshots", "league/games"} <= set(tags)

@@ -217,10 +217,11 @@ class League:
             Metric("league_rating", "Elo rating of the current policy.", rating),
             Metric("league_games_total", "Self-play games counted.", games, counter=True),
             Metric("league_snapshots", "Snapshots of past policies in the league.", sum(m.snapshot for m in members)),
-            Metric("league_opponent_rating", "Elo rating of each league opponent.", {m.id: m.rating for m in members}),
+            Metric("league_opponent_rating", "Elo rating of each league opponent.", {m.id: m.rating for m in members},
+                   label="opponent"),
             Metric("league_win_rate", "The current policy's wins plus half its draws per game, by opponent.",
                    {m.id: (m.record.wins + 0.5 * m.record.draws) / m.record.games if m.record.games else math.nan
-                    for m in members}),
+                    for m in members}, label="opponent"),
         ]
 
     def scalars(self) -> dict[str, float]:
