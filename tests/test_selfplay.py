@@ -137,7 +137,7 @@ def test_malformed_games_are_refused_before_anything_counts():
                      ([game("", pb.OUTCOME_WIN)], "1 to 256 characters"),
                      ([game("v1", pb.OUTCOME_WIN, length=0)], "length 0"),
                      ([game("x" * 300, pb.OUTCOME_WIN)], "1 to 256 characters"),
-                     ([game("v1", pb.OUTCOME_WIN)] * 17, "cannot hold 17 games")]:
+                     ([game("v1", pb.OUTCOME_WIN)] * 65537, "at most 65536 games")]:
         with pytest.raises(wire.WireError, match=why):
             league.check(results_batch(bad, []))
     assert league.status().games == 0

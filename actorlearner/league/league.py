@@ -29,6 +29,9 @@ OUTCOME_CODES = {name: code for code, name in OUTCOMES.items()}
 REWEIGH_SECONDS = 2.0
 """Least time between menus sent only because new games moved the PFSP weights."""
 MAX_ID_CHARS = 256
+MAX_GAMES_PER_BATCH = 65536
+"""More games than this in one batch is malformed (an R2D2 sequence row can span many short games)."""
+MAX_OPPONENTS_PER_BATCH = 1024
 
 
 def snapshot_id(version: int) -> str:
@@ -116,9 +119,9 @@ class League:
 
     def check(self, batch: pb.TrajectoryBatch) -> None:
         """WireError for a batch's games or opponents that are malformed (before anything is stored)."""
-        if len(batch.games) > max(batch.num_transitions, 1) * 4 or len(batch.opponents) > 1024:
-            raise wire.WireError(f"a batch of {batch.num_transitions} transitions cannot hold {len(batch.games)} "
-                                 f"games and {len(batch.opponents)} opponents")
+        if len(batch.games) > MAX_GAMES_PER_BATCH or len(batch.opponents) > MAX_OPPONENTS_PER_BATCH:
+            raise wire.WireError(f"a batch holds at most {MAX_GAMES_PER_BATCH} games and {MAX_OPPONENTS_PER_BATCH} "
+                                 f"opponents, not {len(batch.games)} and {len(batch.opponents)}")
         for game in batch.games:
             if game.outcome not in OUTCOMES:
                 raise wire.WireError(f"game against {game.opponent!r:.80} has no valid outcome ({game.outcome})")
