@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
                                  "in DIR, named env-I-episode-J.mp4; the env must render rgb_array frames")
     evaluation.add_argument("--video-episodes", type=int, default=3, metavar="K",
                             help="episodes --video records (default: 3)")
+    evaluation.add_argument("--opponents", default="", metavar="MODULE:FUNCTION,...",
+                            help="a self-play (multi-agent) policy: the scripted players to play --episodes games "
+                                 "against each, seats alternated")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
@@ -88,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             return export_command(args.checkpoint, args.out, args.env, args.json)
         if args.command == "eval":
             return eval_command(args.checkpoint, args.env, args.episodes, args.envs, args.seed, args.json,
-                                args.video, args.video_episodes)
+                                args.video, args.video_episodes, args.opponents)
         config_class, command, _ = COMMANDS[args.command]
         config = cfg.build(config_class, args, algorithm=algorithm)
     except ValueError as exc:
@@ -405,11 +408,12 @@ def set_command(address: str, assignments: list[str], timeout: float, security: 
 
 
 def eval_command(checkpoint: str, env: str, episodes: int, num_envs: int, seed: int, as_json: bool,
-                 video: str = "", video_episodes: int = 3) -> int:
+                 video: str = "", video_episodes: int = 3, opponents: str = "") -> int:
     """Print a checkpoint's greedy returns (mean, std, min, max), and with ``video`` the MP4s recorded
-    of its first ``video_episodes`` episodes; exit 1 if it cannot be loaded or its env cannot render."""
+    of its first ``video_episodes`` episodes; exit 1 if it cannot be loaded or its env cannot render.
+    A self-play policy plays ``opponents`` instead (see :func:`games_command`)."""
     from actorlearner.learner.checkpoint import CheckpointError
-    from actorlearner.trained import evaluate_trained, load_trained, record_trained
+    from actorlearner.trained import evaluate_trained, is_game, load_trained, record_trained
 
     if episodes < 1 or num_envs < 1 or video_episodes < 1:
         print(f"need --episodes, --envs and --video-episodes >= 1, got {episodes}, {num_envs} and {video_episodes}",
@@ -420,6 +424,9 @@ def eval_command(checkpoint: str, env: str, episodes: int, num_envs: int, seed: 
     except (CheckpointError, ValueError) as exc:
         print(f"cannot load {checkpoint}: {exc}", file=sys.stderr)
         return 1
+    if is_game(trained):
+        return games_command(trained, [name.strip() for name in opponents.split(",") if name.strip()], episodes,
+                             num_envs, seed, as_json)
     videos = []
     if video:
         try:
@@ -439,6 +446,32 @@ def eval_command(checkpoint: str, env: str, episodes: int, num_envs: int, seed: 
         print(f"{key:12s} {value:g}")
     for path in videos:
         print(f"{'video':12s} {path}")
+    return 0
+
+
+def games_command(trained, opponents: list[str], games: int, num_envs: int, seed: int, as_json: bool) -> int:
+    """Print a self-play policy's wins, draws, losses and mean return against each scripted player."""
+    from actorlearner.trained import play_trained
+
+    if not opponents:
+        print(f"{trained.env} has several agents: name the players to play with --opponents MODULE:FUNCTION,...",
+              file=sys.stderr)
+        return 2
+    try:
+        played = play_trained(trained, opponents, games, num_envs, seed)
+    except ValueError as exc:
+        print(f"cannot play: {exc}", file=sys.stderr)
+        return 1
+    summary = {"games": games, "opponents": {
+        name: {"wins": outcomes["win"], "draws": outcomes["draw"], "losses": outcomes["loss"],
+               "mean_return": result.mean} for name, result, outcomes in played}}
+    if as_json:
+        print(json.dumps(summary))
+        return 0
+    print(f"{trained.algorithm} on {trained.env} from {trained.source}: {games} games against each, seats alternated")
+    for name, record in summary["opponents"].items():
+        print(f"{name:50s} {record['wins']:4d} won {record['draws']:4d} drawn {record['losses']:4d} lost  "
+              f"mean return {record['mean_return']:g}")
     return 0
 
 

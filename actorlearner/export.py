@@ -26,6 +26,7 @@ from google.protobuf.json_format import MessageToDict
 from gymnasium.vector.utils import batch_space
 
 from actorlearner.envs import make_env
+from actorlearner.envs.multiagent import seat_spaces
 from actorlearner.networks import field_name, leaf_arrays, leaf_spaces
 from actorlearner.specs import space_to_proto
 from actorlearner.trained import TrainedPolicy
@@ -64,7 +65,7 @@ def export_onnx(trained: TrainedPolicy, out: str | os.PathLike[str]) -> dict[str
         raise ExportError(f"algorithm {trained.algorithm} has no export_policy; see docs/write-your-own-algorithm.md")
     probe = make_env(trained.env)
     try:
-        observation_space, action_space = probe.observation_space, probe.action_space
+        observation_space, action_space = seat_spaces(probe)
     finally:
         probe.close()
     module = policy.export_policy()

@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import gymnasium as gym
 from actorlearner.algorithms import make_config, resolve
 from actorlearner.algorithms.base import Algorithm
 from actorlearner.envs import make_env
+from actorlearner.envs.multiagent import is_multi_agent, seat_spaces
 from actorlearner.learner.checkpoint import CheckpointError, read_checkpoint
 from actorlearner.learner.evaluator import EvalResult, episode_shares, evaluate
 
@@ -51,11 +53,35 @@ def load_trained(path: str | os.PathLike[str], env: str = "") -> TrainedPolicy:
     env = env or run["env"]
     probe = make_env(env)
     try:
-        policy = cls(probe.observation_space, probe.action_space, config, device="cpu", seed=int(run["seed"]))
+        policy = cls(*seat_spaces(probe), config, device="cpu", seed=int(run["seed"]))
     finally:
         probe.close()
     policy.load_state_dict(parts["algorithm"])
     return TrainedPolicy(policy, env, run["algorithm"], int(run["seed"]), source)
+
+
+def is_game(trained: TrainedPolicy) -> bool:
+    """Whether the policy was trained by self-play on a multi-agent env."""
+    env = make_env(trained.env)
+    try:
+        return is_multi_agent(env)
+    finally:
+        env.close()
+
+
+def play_trained(trained: TrainedPolicy, opponents: list[str], games: int, num_envs: int,
+                 seed: int) -> list[tuple[str, EvalResult, Counter]]:
+    """For each scripted player ``module:function`` in ``opponents``: ``games`` greedy games of a
+    self-play policy against it, seats alternated; its returns and outcomes (win, draw, loss)."""
+    from actorlearner.league.evaluation import play_games, scripted
+
+    probe = make_env(trained.env)
+    try:
+        spaces = seat_spaces(probe)
+    finally:
+        probe.close()
+    return [(name, *play_games(trained.policy, lambda: make_env(trained.env), scripted(name, spaces, seed), games,
+                               num_envs, seed)) for name in opponents]
 
 
 def evaluate_trained(trained: TrainedPolicy, episodes: int, num_envs: int, seed: int) -> EvalResult:

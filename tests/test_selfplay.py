@@ -3,6 +3,7 @@ learner sessions and batches that carry games (exactly once, checkpoints, hostil
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import urllib.request
@@ -367,13 +368,15 @@ def win_or_draw(record: pb.EvalRecord) -> float:
 
 
 @pytest.mark.learning
-def test_self_play_learns_tic_tac_toe_that_beats_random_play_and_holds_the_heuristic():
+def test_self_play_learns_tic_tac_toe_that_beats_random_play_and_holds_the_heuristic(tmp_path):
     """DQN against itself and its own snapshots only (neither scripted player is ever trained
     against): one evaluation of 100 games against each, seats alternated, must lose at most 5% to
-    random play and 20% to the heuristic."""
-    from procs import start_actor, start_learner, status, stop
+    random play and 20% to the heuristic. Its checkpoint then plays through `actorlearner eval` and
+    exports (masked actions and all) through `actorlearner export`."""
+    from procs import CHILD_ENV, start_actor, start_learner, status, stop
     learner, port = start_learner(
         "--env", TICTACTOE, "--seed", "0", "--num-actors", "2", "--min-replay-size", "1000", "--eval-every", "8",
+        "--checkpoint-dir", str(tmp_path / "ckpt"),
         "--league-eval-scripted", f"{RANDOM},{HEURISTIC}", "--league-eval-games", "100",
         "--league-eval-snapshots", "1", "--league-max-snapshots", "8", "--league-opponent-exploration", "0.2")
     actors = [start_actor(port, f"player-{i}", "--env", TICTACTOE, "--num-envs", "4", "--seed", str(i))
@@ -391,6 +394,17 @@ def test_self_play_learns_tic_tac_toe_that_beats_random_play_and_holds_the_heuri
     finally:
         codes = stop(*actors, learner)
     assert codes == [0, 0, 0]
+    played = subprocess.run([sys.executable, "-m", "actorlearner", "eval", "--checkpoint", str(tmp_path / "ckpt"),
+                             "--opponents", f"{RANDOM},{HEURISTIC}", "--episodes", "40", "--json"],
+                            capture_output=True, text=True, timeout=300, env=CHILD_ENV)
+    assert played.returncode == 0, played.stderr[-2000:]
+    records = json.loads(played.stdout)["opponents"]
+    assert [sum(records[name][k] for k in ("wins", "draws", "losses")) for name in (RANDOM, HEURISTIC)] == [40, 40]
+    exported = subprocess.run([sys.executable, "-m", "actorlearner", "export", "--checkpoint", str(tmp_path / "ckpt"),
+                               "--out", str(tmp_path / "ttt.onnx"), "--json"],
+                              capture_output=True, text=True, timeout=300, env=CHILD_ENV)
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    assert json.loads(exported.stdout)["verified"]
 
 
 def test_r2d2_plays_self_play_on_a_game_served_by_env_server_in_real_processes(tmp_path):

@@ -87,3 +87,8 @@ def shared_spaces(env: Any, seats: list[str] | None = None) -> tuple[gym.Space, 
                              f"{env.action_space(seat)} vs {obs_space}, {act_space}): self-play needs seats "
                              "that look alike: one policy plays every seat")
     return obs_space, act_space
+
+
+def seat_spaces(env: Any) -> tuple[gym.Space, gym.Space]:
+    """The spaces a policy for ``env`` sees: a gymnasium env's own, or every seat's of a multi-agent env."""
+    return shared_spaces(env) if is_multi_agent(env) else (env.observation_space, env.action_space)

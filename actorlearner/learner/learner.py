@@ -20,7 +20,7 @@ from actorlearner import specs, telemetry, wire
 from actorlearner.algorithms import config_json, make_config, resolve, retune
 from actorlearner.config import LearnerConfig
 from actorlearner.envs import make_env
-from actorlearner.envs.multiagent import is_multi_agent, shared_spaces
+from actorlearner.envs.multiagent import is_multi_agent, seat_spaces
 from actorlearner.learner.broadcast import PolicyBroadcast
 from actorlearner.learner.checkpoint import CheckpointError, CheckpointStore, load_rng_state, rng_state
 from actorlearner.learner.distributed import DataParallel, local_device, resolve_world
@@ -132,7 +132,7 @@ class Learner:
         env = make_env(config.env, config.security)
         try:
             self.agents = list(env.possible_agents) if is_multi_agent(env) else []
-            spaces = shared_spaces(env) if self.agents else (env.observation_space, env.action_space)
+            spaces = seat_spaces(env)
         finally:
             env.close()
         if self.agents and self.world.size > 1:
@@ -484,7 +484,7 @@ class Learner:
         if self.league is not None:
             result = evaluate_league(self.league, policy, self._eval_opponent,
                                      lambda: make_env(self.config.env, self.config.security),
-                                     (self.observation_space, self.action_space), self.config,
+                                     (self.observation_space, self.action_space), self.config.eval_envs,
                                      self.config.seed + 10_000 * self.evaluations)
             self.telemetry.scalars({f"eval/win_or_draw_vs/{r.opponent}": (r.wins + r.draws) / (r.wins + r.draws + r.losses)
                                     for r in self.league.evaluation}, self.env_steps)
