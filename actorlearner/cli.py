@@ -413,7 +413,7 @@ def eval_command(checkpoint: str, env: str, episodes: int, num_envs: int, seed: 
     of its first ``video_episodes`` episodes; exit 1 if it cannot be loaded or its env cannot render.
     A self-play policy plays ``opponents`` instead (see :func:`games_command`)."""
     from actorlearner.learner.checkpoint import CheckpointError
-    from actorlearner.trained import evaluate_trained, is_game, load_trained, record_trained
+    from actorlearner.trained import evaluate_trained, load_trained, record_trained
 
     if episodes < 1 or num_envs < 1 or video_episodes < 1:
         print(f"need --episodes, --envs and --video-episodes >= 1, got {episodes}, {num_envs} and {video_episodes}",
@@ -424,7 +424,7 @@ def eval_command(checkpoint: str, env: str, episodes: int, num_envs: int, seed: 
     except (CheckpointError, ValueError) as exc:
         print(f"cannot load {checkpoint}: {exc}", file=sys.stderr)
         return 1
-    if is_game(trained):
+    if trained.game:
         return games_command(trained, [name.strip() for name in opponents.split(",") if name.strip()], episodes,
                              num_envs, seed, as_json)
     videos = []

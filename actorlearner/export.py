@@ -25,8 +25,6 @@ import torch
 from google.protobuf.json_format import MessageToDict
 from gymnasium.vector.utils import batch_space
 
-from actorlearner.envs import make_env
-from actorlearner.envs.multiagent import seat_spaces
 from actorlearner.networks import field_name, leaf_arrays, leaf_spaces
 from actorlearner.specs import space_to_proto
 from actorlearner.trained import TrainedPolicy
@@ -63,11 +61,7 @@ def export_onnx(trained: TrainedPolicy, out: str | os.PathLike[str]) -> dict[str
     policy = trained.policy
     if not hasattr(policy, "export_policy"):
         raise ExportError(f"algorithm {trained.algorithm} has no export_policy; see docs/write-your-own-algorithm.md")
-    probe = make_env(trained.env)
-    try:
-        observation_space, action_space = seat_spaces(probe)
-    finally:
-        probe.close()
+    observation_space, action_space = trained.observation_space, trained.action_space
     module = policy.export_policy()
     state_sizes = _state_sizes(module)
     inputs, outputs = _signature(observation_space, action_space, state_sizes)

@@ -30,6 +30,11 @@ class TrainedPolicy:
     seed: int
     source: Path
     """The checkpoint directory it was read from."""
+    observation_space: gym.Space
+    action_space: gym.Space
+    """The spaces it acts in: the env's, or every seat's of a game."""
+    game: bool
+    """Trained by self-play on an env with several agents."""
 
 
 def load_trained(path: str | os.PathLike[str], env: str = "") -> TrainedPolicy:
@@ -53,20 +58,12 @@ def load_trained(path: str | os.PathLike[str], env: str = "") -> TrainedPolicy:
     env = env or run["env"]
     probe = make_env(env)
     try:
-        policy = cls(*seat_spaces(probe), config, device="cpu", seed=int(run["seed"]))
+        spaces, game = seat_spaces(probe), is_multi_agent(probe)
     finally:
         probe.close()
+    policy = cls(*spaces, config, device="cpu", seed=int(run["seed"]))
     policy.load_state_dict(parts["algorithm"])
-    return TrainedPolicy(policy, env, run["algorithm"], int(run["seed"]), source)
-
-
-def is_game(trained: TrainedPolicy) -> bool:
-    """Whether the policy was trained by self-play on a multi-agent env."""
-    env = make_env(trained.env)
-    try:
-        return is_multi_agent(env)
-    finally:
-        env.close()
+    return TrainedPolicy(policy, env, run["algorithm"], int(run["seed"]), source, *spaces, game)
 
 
 def play_trained(trained: TrainedPolicy, opponents: list[str], games: int, num_envs: int,
@@ -75,11 +72,7 @@ def play_trained(trained: TrainedPolicy, opponents: list[str], games: int, num_e
     self-play policy against it, seats alternated; its returns and outcomes (win, draw, loss)."""
     from actorlearner.league.evaluation import play_games, scripted
 
-    probe = make_env(trained.env)
-    try:
-        spaces = seat_spaces(probe)
-    finally:
-        probe.close()
+    spaces = (trained.observation_space, trained.action_space)
     return [(name, *play_games(trained.policy, lambda: make_env(trained.env), scripted(name, spaces, seed), games,
                                num_envs, seed)) for name in opponents]
 

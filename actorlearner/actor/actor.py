@@ -58,7 +58,7 @@ class Actor:
         self.actor_id = config.actor_id or f"{socket.gethostname()}-{os.getpid()}"
         self.agents, self.pool = self._league_of(config)
         self._games: list[Game] = []  # self-play games ended since the last batch
-        self._opponents: set[str] = set()  # opponents of the games since the last batch
+        self._opponents: set[str] = set()  # opponents of the games under way at the last batch or drawn since
         self._slots = itertools.count()
         self.envs = make_vector_env(config.env, config.num_envs, config.vector_mode, config.security,
                                     wrap=self._seat if self.agents else None)
@@ -101,7 +101,12 @@ class Actor:
     def _seat(self, env) -> SeatEnv:
         """A multi-agent env as one learning seat (rotating), its opponents drawn from the league."""
         slot = next(self._slots)
-        return SeatEnv(env, lambda: self.pool.draw(slot), self._games.append, first_seat=slot)
+
+        def draw():
+            player = self.pool.draw(slot)
+            self._opponents.add(player.id)
+            return player
+        return SeatEnv(env, draw, self._games.append, first_seat=slot)
 
     def run(self, max_env_steps: int = 0) -> None:
         """Act until :meth:`stop` (or ``max_env_steps`` real env steps), then flush unacked batches."""
@@ -242,8 +247,6 @@ class Actor:
                 self.last_return = done_returns[-1]
             returns[done], lengths[done] = 0.0, 0
             was_done = done
-            if self.pool is not None:
-                self._opponents.update(env.opponent.id for env in self.envs.envs if env.opponent is not None)
             self._collect(self.assembler.push(obs, actions, rewards, terminated, truncated, next_obs))
             if hasattr(self.algorithm, "reset_memory") and not real.all():
                 self.algorithm.reset_memory(~real)  # autoreset envs begin episodes: a recurrent policy forgets

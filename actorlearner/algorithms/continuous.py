@@ -242,7 +242,7 @@ class ContinuousActorCritic:
 
     def export_policy(self) -> nn.Module:
         """The evaluation policy (exploration 0) on the actor itself, in eval mode (see `Algorithm`)."""
-        return GreedyBoxPolicy(self).eval()
+        return GreedyBoxPolicy(self).train(False)
 
     def policy_state_dict(self) -> dict[str, Tensor]:
         return {name: cpu_copy(t) for name, t in self.actor.state_dict().items()}

@@ -197,7 +197,7 @@ class ApeXQLearner:
 
     def export_policy(self) -> nn.Module:
         """The greedy policy on the online network itself, in eval mode (see `Algorithm`)."""
-        return self.greedy_policy(self.online, tuple(self._obs_leaves), self.branches).eval()
+        return self.greedy_policy(self.online, tuple(self._obs_leaves), self.branches).train(False)
 
     def policy_state_dict(self) -> dict[str, Tensor]:
         return {name: cpu_copy(t) for name, t in self.online.state_dict().items()}

@@ -8,14 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 
 from actorlearner import wire
 from actorlearner.algorithms import Algorithm
 from actorlearner.league.league import League
 from actorlearner.league.opponents import PolicyPlayer, ScriptedPlayer, load_scripted
 from actorlearner.league.seat import Game, Player, SeatEnv
-from actorlearner.learner.evaluator import EvalResult, evaluate
+from actorlearner.learner.evaluator import EvalResult, evaluate, summarize
 from actorlearner.v1 import learner_pb2 as pb
 
 
@@ -65,13 +64,5 @@ def evaluate_league(league: League, policy: Algorithm, opponent: Algorithm, make
                                      losses=outcomes["loss"]))
         results.append(result)
     league.evaluation = records
-    return merged(results)
-
-
-def merged(results: list[EvalResult]) -> EvalResult:
-    """One summary of several evaluations' episodes."""
-    returns = [r for result in results for r in result.returns]
-    values = np.asarray(returns, dtype=np.float64)
-    return EvalResult(mean=float(values.mean()), std=float(values.std()), min=float(values.min()),
-                      max=float(values.max()), episodes=len(values),
-                      lengths=tuple(n for result in results for n in result.lengths), returns=tuple(returns))
+    return summarize([r for result in results for r in result.returns],
+                     [n for result in results for n in result.lengths])

@@ -18,6 +18,7 @@ import torch
 
 from actorlearner import wire
 from actorlearner.config import LeagueConfig
+from actorlearner.learner.broadcast import policy_update_messages
 from actorlearner.league.ratings import INITIAL_RATING, SCORES, Record, elo_update, pfsp_weight
 from actorlearner.metrics import Metric
 from actorlearner.v1 import learner_pb2 as pb
@@ -96,11 +97,8 @@ class League:
 
     def _add_snapshot(self, version: int, payload: bytes, rating: float, record: Record | None = None,
                       transitions: int = 0) -> None:
-        chunks = wire.split_chunks(payload, self.chunk_bytes)
         member_id = snapshot_id(version)
-        messages = [pb.LearnerMessage(policy_update=pb.PolicyUpdate(
-            version=version, chunk_index=i, chunk_count=len(chunks), total_bytes=len(payload), payload=chunk,
-            opponent=member_id)) for i, chunk in enumerate(chunks)]
+        messages = policy_update_messages(version, payload, self.chunk_bytes, opponent=member_id)
         self.members[member_id] = Member(member_id, version=version, rating=rating, record=record or Record(),
                                          transitions=transitions, payload=payload, messages=messages)
         snapshots = [m for m in self.members.values() if m.snapshot]

@@ -30,6 +30,8 @@ def load_scripted(name: str, observation_space: gym.Space, action_space: gym.Spa
 
 
 class ScriptedPlayer:
+    """A scripted player's act callable as a player."""
+
     def __init__(self, name: str, act: Callable[[Any], Any]):
         self.id, self._act = name, act
 

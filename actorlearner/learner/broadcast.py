@@ -11,6 +11,14 @@ from actorlearner import wire
 from actorlearner.v1 import learner_pb2 as pb
 
 
+def policy_update_messages(version: int, payload: bytes, chunk_bytes: int, opponent: str = "") -> list[pb.LearnerMessage]:
+    """A serialized policy as its chunked PolicyUpdate messages (``opponent``: a league snapshot's id)."""
+    chunks = wire.split_chunks(payload, chunk_bytes)
+    return [pb.LearnerMessage(policy_update=pb.PolicyUpdate(
+        version=version, chunk_index=i, chunk_count=len(chunks), total_bytes=len(payload), payload=chunk,
+        opponent=opponent)) for i, chunk in enumerate(chunks)]
+
+
 class PolicyBroadcast:
     """Holds the newest policy version as ready-to-send messages.
 
@@ -33,12 +41,7 @@ class PolicyBroadcast:
 
     def publish_payload(self, version: int, payload: bytes) -> None:
         """Chunk an already serialized policy (a state dict, or an ONNX model) as ``version`` and wake every listener."""
-        chunks = wire.split_chunks(payload, self.chunk_bytes)
-        messages = [
-            pb.LearnerMessage(policy_update=pb.PolicyUpdate(
-                version=version, chunk_index=i, chunk_count=len(chunks), total_bytes=len(payload), payload=chunk))
-            for i, chunk in enumerate(chunks)
-        ]
+        messages = policy_update_messages(version, payload, self.chunk_bytes)
         with self._lock:
             self.version, self.payload, self._messages = version, payload, messages
             self.serializations += 1

@@ -31,6 +31,14 @@ class EvalResult:
     """Return of each episode, in the same order as ``lengths``."""
 
 
+def summarize(returns: list[float], lengths: list[int]) -> EvalResult:
+    """The statistics of episodes' returns (and their lengths, in the same order)."""
+    values = np.asarray(returns, dtype=np.float64)
+    return EvalResult(mean=float(values.mean()), std=float(values.std()), min=float(values.min()),
+                      max=float(values.max()), episodes=len(values), lengths=tuple(lengths),
+                      returns=tuple(float(r) for r in values))
+
+
 def episode_shares(episodes: int, num_envs: int) -> list[int]:
     """Episodes each env runs: ``episodes // num_envs``, the first ``episodes % num_envs`` one more."""
     if episodes < 1 or num_envs < 1:
@@ -101,13 +109,4 @@ def evaluate(
     finally:
         for env in envs:
             env.close()
-    flat_returns = np.array([r for per_env in returns for r in per_env], dtype=np.float64)
-    return EvalResult(
-        mean=float(flat_returns.mean()),
-        std=float(flat_returns.std()),
-        min=float(flat_returns.min()),
-        max=float(flat_returns.max()),
-        episodes=len(flat_returns),
-        lengths=tuple(n for per_env in lengths for n in per_env),
-        returns=tuple(float(r) for r in flat_returns),
-    )
+    return summarize([r for per_env in returns for r in per_env], [n for per_env in lengths for n in per_env])

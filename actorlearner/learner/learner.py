@@ -147,10 +147,8 @@ class Learner:
         self.batch_fields = field_specs(self.fields)
         # Built now, not per evaluation: building a network on the evaluator's thread would
         # reseed and advance the generator the trainer samples with.
-        self._eval_policy = algorithm_class(self.observation_space, self.action_space, self.algorithm_config,
-                                            device="cpu", seed=config.seed)
-        self._eval_opponent = algorithm_class(self.observation_space, self.action_space, self.algorithm_config,
-                                              device="cpu", seed=config.seed + 1) if self.agents else None
+        self._eval_policy = self._cpu_algorithm(config.seed)
+        self._eval_opponent = self._cpu_algorithm(config.seed + 1) if self.agents else None
         policy = {name: (tuple(t.shape), t.dtype) for name, t in self._eval_policy.policy_state_dict().items()}
         self._spec = pb.LearnerSpec(protocol_version=wire.PROTOCOL_VERSION, env_spec=self.env_spec,
                                     algorithm=config.algorithm, algorithm_config=config_json(self.algorithm_config),
@@ -170,10 +168,8 @@ class Learner:
         self.league = League(config.league, config.chunk_bytes, self.broadcast.nudge) if self.agents else None
         for script in config.league.evaluated_players() if self.agents else ():  # fail now, not in an actor
             load_scripted(script, self.observation_space, self.action_space, config.seed)
-        self.onnx_feed = OnnxFeed(self.broadcast, algorithm_class(
-            self.observation_space, self.action_space, self.algorithm_config, device="cpu", seed=config.seed),
-            self.observation_space, self.action_space, config.chunk_bytes) \
-            if hasattr(self.algorithm, "export_policy") else None
+        self.onnx_feed = OnnxFeed(self.broadcast, self._cpu_algorithm(config.seed), self.observation_space,
+                                  self.action_space, config.chunk_bytes) if hasattr(self.algorithm, "export_policy") else None
         checkpoint_dir = config.checkpoint_dir
         if checkpoint_dir and self.world.size > 1:  # each rank its own shard (and the same networks)
             checkpoint_dir = os.path.join(checkpoint_dir, f"rank-{self.world.rank}")
@@ -212,6 +208,11 @@ class Learner:
         if self.data_parallel is not None:
             self.data_parallel.broadcast_state(self.algorithm)
         self.publish()
+
+    def _cpu_algorithm(self, seed: int):
+        """Another instance of the algorithm on the CPU (evaluation, league opponents, the ONNX feed)."""
+        return self.algorithm_class(self.observation_space, self.action_space, self.algorithm_config, device="cpu",
+                                    seed=seed)
 
     # -- streams ---------------------------------------------------------------------------
 
