@@ -137,6 +137,7 @@ import sys
 from actorlearner.envs import RemoteEnv
 env = RemoteEnv(sys.argv[1])
 env.reset(seed=0)
+env.action_space.seed(0)  # five steps that do not reach the goal: the episode is still under way
 for _ in range(5):
     env.step(env.action_space.sample())
 print("mid-episode", flush=True)
@@ -148,6 +149,7 @@ def test_a_client_killed_mid_episode_frees_its_session_and_the_server_goes_on():
     with serve(lambda: make_env("custom_envs:dict_walk"), "walk") as (service, port):
         survivor = RemoteEnv(f"127.0.0.1:{port}")
         survivor.reset(seed=3)
+        survivor.action_space.seed(3)  # its five steps below do not end the episode either
         client = subprocess.Popen([sys.executable, "-c", CLIENT, f"127.0.0.1:{port}"],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
         assert client.stdout.readline().strip() == "mid-episode"
