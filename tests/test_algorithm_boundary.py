@@ -29,7 +29,7 @@ FROZEN_LAKE = ["--env", "custom_envs:frozen_lake", "--min-replay-size", "256", "
 
 def test_actor_learner_cli_and_config_import_no_algorithm():
     files = [*(PACKAGE / "actor").glob("*.py"), *(PACKAGE / "learner").glob("*.py"),
-             PACKAGE / "cli.py", PACKAGE / "config.py"]
+             *(PACKAGE / "cli").glob("*.py"), *(PACKAGE / "config").glob("*.py")]
     imports = [f"{path.name}: {line.strip()}" for path in files for line in path.read_text().splitlines()
                if re.match(r"\s*(from|import)\s.*dqn", line, re.I)]
     assert len(files) > 6 and imports == []

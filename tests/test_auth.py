@@ -12,7 +12,7 @@ import gymnasium as gym
 import pytest
 
 from actorlearner import specs, wire
-from actorlearner.cli import warn_if_exposed
+from actorlearner.cli.common import warn_if_exposed
 from actorlearner.envs import RemoteEnv, RemoteEnvError, make_env
 from actorlearner.envs.server import serve
 from actorlearner.transport import SecurityConfig, open_channel

@@ -11,7 +11,7 @@ import torch
 
 from actorlearner import config as cfg
 from actorlearner.algorithms import make_algorithm, resolve
-from actorlearner.cli import warn_if_exposed
+from actorlearner.cli.common import warn_if_exposed
 from actorlearner.config import LearnerConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.transport import SecurityConfig

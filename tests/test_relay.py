@@ -14,8 +14,8 @@ import pytest
 
 from actorlearner import specs, wire
 from actorlearner.actor.link import LearnerLink, LinkError
-from actorlearner.cli import status_command
-from actorlearner.config import LearnerConfig, RelayConfig
+from actorlearner.cli.control import status_command
+from actorlearner.config import LearnerConfig, RelayConfig, StatusConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.server import serve as serve_learner
 from actorlearner.relay.server import serve as serve_relay
@@ -118,7 +118,7 @@ def test_a_chain_of_relays_carries_batches_acks_policies_and_status(capsys):
         at_b = get_status(b_port)
         assert [a.actor_id for a in at_b.actors] == ["behind-b"] and at_b.learner_id == learner.learner_id
         assert at_b.policy_version == learner.version
-        assert status_command(f"127.0.0.1:{a_port}", True, 10, SecurityConfig()) == 0
+        assert status_command(StatusConfig(learner=f"127.0.0.1:{a_port}", json=True, timeout=10)) == 0
         shown = {a["id"]: a for a in json.loads(capsys.readouterr().out)["actors"]}
         assert shown["relay-b"]["relay"] and shown["behind-b"]["via"] == "relay-b"
         with grpc.insecure_channel(f"127.0.0.1:{b_port}") as channel:

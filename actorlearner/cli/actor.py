@@ -1,0 +1,43 @@
+"""``actorlearner actor``: run environments and stream their transitions to a learner."""
+
+from __future__ import annotations
+
+import threading
+
+from actorlearner.cli.common import logger, metrics_port, on_signals
+from actorlearner.config import ActorConfig
+from actorlearner.health import CONNECTED, Health
+
+
+def actor_command(config: ActorConfig) -> int:
+    """Act until SIGTERM/SIGINT; then flush unacked batches and exit 0.
+
+    Exit 2, with one ERROR line and no traceback, if the learner refused this actor or sent
+    settings or weights it cannot apply (``LinkError``).
+    """
+    from actorlearner.actor.actor import Actor
+    from actorlearner.actor.link import LinkError
+
+    actor = Actor(config)
+    on_signals(actor.stop)
+    health = Health()
+    if config.health_port:
+        health.listen(config.listen_host, config.health_port)
+        health.set(True)
+        threading.Thread(target=_report_connection, args=(actor, health), daemon=True, name="health").start()
+    try:
+        with metrics_port(config.listen_host, config.metrics_port, actor.metrics):
+            actor.run()
+    except LinkError as exc:
+        logger.error("%s", exc)
+        return 2
+    finally:
+        health.close()
+    logger.info("actor %s stopped after %d env steps, %d batches", actor.actor_id, actor.env_steps, actor.batches_sent)
+    return 0
+
+
+def _report_connection(actor, health: Health) -> None:
+    """Keep the actor's "connected" health service in step with its learner stream."""
+    while not actor.stop_event.wait(0.5):
+        health.set(actor.link.connected, CONNECTED)

@@ -1,0 +1,47 @@
+"""``actorlearner learner``: serve actors (replay, training, weight broadcast) until stopped."""
+
+from __future__ import annotations
+
+import threading
+
+from actorlearner.cli.common import logger, metrics_port, on_signals, warn_if_exposed
+from actorlearner.config import LearnerConfig
+from actorlearner.health import Health
+from actorlearner.telemetry import format_progress
+
+
+def learner_command(config: LearnerConfig) -> int:
+    """Serve until SIGTERM/SIGINT (exit 0) or a training failure (exit 1); then report NOT_SERVING,
+    stop accepting, checkpoint."""
+    from actorlearner.learner.server import serve
+
+    warn_if_exposed(config.host, config.security)
+    learner = start_learner(config)  # restores the newest good checkpoint, buffer included
+    if learner is None:
+        return 2
+    stop = threading.Event()
+    on_signals(stop.set)
+    health = Health()
+    with serve(learner, config.host, config.port, health=health) as port, \
+            metrics_port(config.host, config.metrics_port, learner.metrics):
+        learner.start()
+        health.set(True)
+        print(f"learner listening on {config.host}:{port}", flush=True)
+        while not (stop.wait(5.0) or learner.failed.is_set() or learner.stopping.is_set()):  # or another rank's stop
+            logger.info("%s", format_progress(learner.progress()))
+        health.set(False)  # draining: probes see NOT_SERVING while the final checkpoint is written
+        logger.info("stopping: actors told to go, final checkpoint")
+        learner.stop()
+    return 1 if learner.failed.is_set() else 0
+
+
+def start_learner(config: LearnerConfig):
+    """The learner, or None after one ERROR line saying why it cannot be built (an env space the
+    algorithm cannot learn from, an unknown algorithm, bad settings); no traceback."""
+    from actorlearner.learner.learner import Learner
+
+    try:
+        return Learner(config)
+    except ValueError as exc:
+        logger.error("cannot start the learner: %s", exc)
+        return None

@@ -1,0 +1,106 @@
+"""``actorlearner run``: a learner in this process and N actor processes on loopback, until solved or out of time."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+from actorlearner.cli.common import logger, on_signals
+from actorlearner.cli.learner import start_learner
+from actorlearner.config import LearnerConfig, RunConfig, options
+from actorlearner.curve import LearningCurve
+from actorlearner.telemetry import format_progress
+from actorlearner.transport import SecurityConfig
+
+
+def run_command(config: RunConfig) -> int:
+    """Learner in this process, actors as child processes; exit 0 if solved, 1 if time ran out."""
+    from actorlearner.learner.server import serve
+
+    if config.learner.world_size > 1:
+        logger.error("run trains one learner; data-parallel ones are 'actorlearner learner --world-size N' each")
+        return 2
+    run_dir = config.run_dir or new_run_dir(config.learner)
+    learner_config = dataclasses.replace(
+        config.learner, host="127.0.0.1", port=0, num_actors=config.actors, world_size=1,  # WORLD_SIZE set or not
+        checkpoint_dir=config.learner.checkpoint_dir or os.path.join(run_dir, "checkpoints"),
+        logdir=config.learner.logdir or os.path.join(run_dir, "tb"))
+    learner = start_learner(learner_config)
+    if learner is None:
+        return 2
+    stop = threading.Event()
+    on_signals(stop.set)
+    start = time.monotonic()
+    solved = False
+    curve, evaluations = LearningCurve(), 0
+    with serve(learner, "127.0.0.1", 0) as port:
+        learner.start()
+        actors = [_spawn_actor(config, port, i) for i in range(config.actors)]
+        last_print = 0.0
+        while not stop.wait(0.5):
+            elapsed = time.monotonic() - start
+            new_eval = learner.evaluations > evaluations
+            evaluations = learner.evaluations
+            curve.record(elapsed, learner.env_steps, learner.recent_return, learner.eval_mean if new_eval else None)
+            solved = learner.evaluations > 0 and learner.eval_mean >= config.target_return
+            if solved or elapsed >= config.max_seconds:
+                break
+            if all(a.poll() is not None for a in actors):
+                logger.error("every actor exited; stopping")
+                break
+            if learner.failed.is_set():
+                break
+            if elapsed - last_print >= 2.0:
+                last_print = elapsed
+                sps = learner.env_steps / max(elapsed, 1e-9)
+                print(f"[{elapsed:6.1f}s] {format_progress({**learner.progress(), 'sps': sps})}", file=sys.stderr, flush=True)
+        _stop_processes(actors)
+    learner.stop()  # joins an evaluation already under way; its result counts
+    elapsed = time.monotonic() - start
+    curve.record(elapsed, learner.env_steps, learner.recent_return,
+                 learner.eval_mean if learner.evaluations > evaluations else None)
+    solved = learner.evaluations > 0 and learner.eval_mean >= config.target_return
+    result = {"solved": solved, "eval_return": learner.eval_mean if learner.evaluations else None,
+              "seconds": round(elapsed, 2), "env_steps": learner.env_steps,
+              "updates": learner.updates, "policy_version": learner.version, "run_dir": run_dir}
+    if config.plot:
+        result["curve"] = os.path.join(run_dir, "curve.png")
+        curve.save_png(result["curve"], f"{learner_config.algorithm} on {learner_config.env}, seed {learner_config.seed}")
+        print(f"learning curve: {result['curve']}", file=sys.stderr, flush=True)
+    print(json.dumps(result), flush=True)
+    return 0 if solved else 1
+
+
+def new_run_dir(config: LearnerConfig) -> str:
+    """``runs/<env>-<algorithm>-<date-time>``, with characters a path cannot hold replaced by ``_``."""
+    name = f"{config.env}-{config.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return os.path.join("runs", re.sub(r"[^A-Za-z0-9._-]", "_", name))
+
+
+def _spawn_actor(config: RunConfig, port: int, index: int) -> subprocess.Popen:
+    command = [sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
+               "--env", config.learner.env, "--num-envs", str(config.num_envs),
+               "--seed", str(config.learner.seed * 1000 + index), "--actor-id", f"actor-{index}"]
+    security = {opt.env_var: str(value) for opt in options(SecurityConfig)
+                if (value := getattr(config.learner.security, opt.path[-1]))}  # by env var: no token in ps
+    return subprocess.Popen(command, env={**os.environ, **security})
+
+
+def _stop_processes(processes: list[subprocess.Popen], timeout: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL whatever has not exited by ``timeout``."""
+    for proc in processes:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + timeout
+    for proc in processes:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,43 @@
+"""An actor process's settings: its envs, its learner link and its health and metrics ports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from actorlearner.transport import SecurityConfig
+
+
+@dataclass
+class ActorConfig:
+    """An actor process: env loop, local policy, streaming client."""
+
+    learner: str = "127.0.0.1:50051"
+    """Learner address HOST:PORT."""
+    env: str = "CartPole-v1"
+    """Environment to run: a gymnasium id, package.module:function, or grpc://host:port."""
+    actor_id: str = ""
+    """Stable id across reconnects; default HOSTNAME-PID."""
+    num_envs: int = 4
+    """Environments in this actor's vector env."""
+    vector_mode: str = "sync"
+    """Vector env: sync (one process) or async (a subprocess per env)."""
+    seed: int = 0
+    """Seeds the envs and exploration."""
+    stats_every: float = 1.0
+    """Seconds between episode statistics reports."""
+    reconnect_initial: float = 0.1
+    """First reconnect delay in seconds; doubles with jitter up to reconnect_max."""
+    reconnect_max: float = 5.0
+    """Longest reconnect delay in seconds."""
+    max_message_bytes: int = 64 * 1024 * 1024
+    """Largest gRPC message accepted."""
+    torch_threads: int = 1
+    """Torch intra-op threads."""
+    listen_host: str = "127.0.0.1"
+    """Address the health and metrics ports listen on (0.0.0.0 in a pod, for probes and scrapes)."""
+    health_port: int = 0
+    """gRPC health port (grpc.health.v1; service "connected" while streaming); 0 disables it."""
+    metrics_port: int = 0
+    """Prometheus /metrics port, on listen_host; 0 disables it."""
+    security: SecurityConfig = field(default_factory=SecurityConfig, metadata={"flatten": True})
+    """Bearer token and TLS."""

@@ -1,0 +1,27 @@
+"""``actorlearner run``'s settings: how many actors, when to stop, where the run's files go."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from actorlearner.config.learner import LearnerConfig
+
+
+@dataclass
+class RunConfig:
+    """One machine: a learner and N actor processes on loopback until solved or out of time."""
+
+    actors: int = 2
+    """Actor processes to start."""
+    target_return: float = 475.0
+    """Stop once the evaluated mean return reaches this."""
+    max_seconds: float = 600.0
+    """Stop (unsolved) after this long."""
+    num_envs: int = 4
+    """Environments per actor."""
+    run_dir: str = ""
+    """Where this run keeps its checkpoints (checkpoints/), TensorBoard logs (tb/) and learning curve (curve.png), unless --checkpoint-dir or --logdir say otherwise; `actorlearner eval --checkpoint` reads it. Default: a new directory under runs/."""
+    plot: bool = True
+    """Write the learning curve (episode and eval returns against env steps and wall time) as curve.png in the run directory at the end."""
+    learner: LearnerConfig = field(default_factory=LearnerConfig, metadata={"flatten": True})
+    """Learner settings."""
