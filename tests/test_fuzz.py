@@ -29,8 +29,9 @@ from actorlearner.config import LearnerConfig
 from actorlearner.envs import make_env
 from actorlearner.envs.server import EnvSession
 from actorlearner.envs.steps import StepFormat
-from actorlearner.learner.learner import Learner, Refusal
-from actorlearner.learner.server import _parse_actor_message
+from actorlearner.learner.learner import Learner
+from actorlearner.learner.spec import Refusal
+from actorlearner.streaming.service import parse_actor_message
 from actorlearner.v1 import env_pb2, learner_pb2
 from actorlearner.values import MAX_DEPTH, dict_from_proto, tensor_to_proto, value_from_proto, value_to_proto
 from actorlearner.wire import DTYPES, MAX_RANK, ChunkAssembler, Codec, WireError
@@ -294,7 +295,7 @@ STATE_SPEC = {"w": ((2, 3), torch.float32), "b": ((3,), torch.float32), "steps":
 
 @st.composite
 def state_payloads(draw) -> tuple[bytes, bool]:
-    params = {name: valid_array(draw, wire._TORCH_DTYPES[dtype], list(shape))
+    params = {name: valid_array(draw, wire.TORCH_DTYPES[dtype], list(shape))
               for name, (shape, dtype) in STATE_SPEC.items()}
     intact = True
     change = draw(st.sampled_from(["none", "array", "drop", "add", "bytes", "toplevel"]))
@@ -735,7 +736,7 @@ def test_actor_messages_through_the_learner(raw):
 
 
 def one_message(the_learner, stream, raw: bytes) -> None:
-    message = _parse_actor_message(raw)
+    message = parse_actor_message(raw)
     if isinstance(message, WireError):
         event("does not parse")
         return

@@ -1,4 +1,4 @@
-"""wire.py: round trips, every rejection path, and fuzzing that only WireError escapes."""
+"""actorlearner.wire: round trips, every rejection path, and fuzzing that only WireError escapes."""
 
 from __future__ import annotations
 

@@ -1,0 +1,173 @@
+"""Arrays <-> msgpack maps ``{"dtype", "shape", "data"}``, and the checks every wire input passes.
+
+Arrays travel with raw little-endian data (see ``Codec`` in proto/actorlearner/v1/learner.proto).
+Nothing here pickles, ``torch.load``s or evals: every input is checked (dtype whitelist, shape,
+byte length, size caps before allocating) and every rejection is a ``WireError`` whose ``code``
+names the gRPC status to answer with.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgpack
+import numpy as np
+import torch
+
+DEFAULT_MAX_BYTES = 256 * 2**20
+"""Default cap on any one payload, compressed or decompressed, and on assembled weights."""
+
+MAX_RANK = 16
+"""Most dimensions an array may have on the wire."""
+
+DTYPES: dict[str, np.dtype] = {
+    name: np.dtype(name).newbyteorder("<")
+    for name in (
+        "bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
+        "float16", "float32", "float64",
+    )
+}
+"""The dtype whitelist: wire name -> little-endian numpy dtype."""
+
+_ARRAY_KEYS = frozenset(("dtype", "shape", "data"))
+TORCH_DTYPES: dict[torch.dtype, str] = {
+    torch.bool: "bool", torch.uint8: "uint8", torch.int8: "int8", torch.uint16: "uint16",
+    torch.int16: "int16", torch.uint32: "uint32", torch.int32: "int32",
+    torch.uint64: "uint64", torch.int64: "int64", torch.float16: "float16", torch.float32: "float32",
+    torch.float64: "float64",
+}
+"""The torch dtypes allowed on the wire, with their wire names."""
+
+Buffer = bytes | bytearray | memoryview
+
+Spec = Mapping[str, tuple[Sequence[int], Any]]
+"""Field name -> (shape, dtype); dtype as numpy dtype, torch dtype or wire name."""
+
+
+class WireError(ValueError):
+    """Rejected wire input; ``code`` names the ``grpc.StatusCode`` to answer with."""
+
+    def __init__(self, message: str, code: str = "INVALID_ARGUMENT") -> None:
+        super().__init__(message)
+        self.code = code
+
+    @property
+    def status_code(self) -> Any:
+        """The ``grpc.StatusCode`` member named by ``code``."""
+        import grpc
+
+        return grpc.StatusCode[self.code]
+
+
+def encode_array(array: np.ndarray) -> dict[str, Any]:
+    """The wire map of ``array``; its data is a zero-copy view when already C-ordered LE."""
+    array = np.asarray(array)
+    name = array.dtype.name
+    if name not in DTYPES or array.dtype.fields is not None:
+        raise WireError(f"dtype {array.dtype} is not allowed on the wire")
+    array = array.astype(DTYPES[name], copy=False)
+    if not array.flags.c_contiguous:
+        array = array.copy(order="C")
+    data = array.reshape(-1).view(np.uint8).data
+    return {"dtype": name, "shape": list(array.shape), "data": data}
+
+
+def decode_array(
+    obj: Any, max_bytes: int = DEFAULT_MAX_BYTES, *, writable: bool = False
+) -> np.ndarray:
+    """An array from its wire map, checked before allocating; read-only unless ``writable``."""
+    if not isinstance(obj, dict):
+        raise WireError(f"array must be a map, got {type(obj).__name__}")
+    if obj.keys() != _ARRAY_KEYS:
+        got = sorted(map(str, obj))
+        raise WireError(f"array map must have keys {sorted(_ARRAY_KEYS)}, got {got}")
+    name, shape, data = obj["dtype"], obj["shape"], obj["data"]
+    if not isinstance(name, str) or name not in DTYPES:
+        raise WireError(f"unknown dtype {name!r}; allowed: {', '.join(DTYPES)}")
+    dtype = DTYPES[name]
+    if not isinstance(shape, list) or not all(type(d) is int for d in shape):
+        raise WireError(f"shape must be a list of ints, got {shape!r:.100}")
+    if len(shape) > MAX_RANK:
+        raise WireError(f"rank {len(shape)} exceeds the cap of {MAX_RANK}")
+    if any(d < 0 for d in shape):
+        raise WireError(f"negative dimension in shape {shape}")
+    if any(d > max_bytes for d in shape):
+        raise WireError(f"dimension in shape {shape} exceeds the cap", "RESOURCE_EXHAUSTED")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > max_bytes:
+        raise WireError(
+            f"array of shape {shape} {name} is {nbytes} bytes, over the cap of {max_bytes}",
+            "RESOURCE_EXHAUSTED",
+        )
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise WireError(f"array data must be binary, got {type(data).__name__}")
+    if len(data) != nbytes:
+        raise WireError(f"array of shape {shape} {name} needs {nbytes} bytes, got {len(data)}")
+    if name == "bool" and nbytes and np.frombuffer(data, np.uint8).max() > 1:
+        raise WireError("bool array holds bytes other than 0 and 1")
+    try:
+        array = np.frombuffer(data, dtype).reshape(shape)
+    except (ValueError, OverflowError) as e:
+        raise WireError(f"cannot shape array as {shape}: {e}") from None
+    if not dtype.isnative:
+        array = array.astype(dtype.newbyteorder("="))
+    return array.copy() if writable and not array.flags.writeable else array
+
+
+def unpack(payload: Buffer, max_bytes: int, what: str, max_entries: int | None = None) -> Any:
+    """Msgpack-decode ``payload`` with size caps, mapping every failure to WireError.
+
+    Bytes are not the whole cost: an empty map is one byte on the wire and ~80 in Python.
+    So arrays hold at most MAX_RANK items (shapes are the only arrays), and with
+    ``max_entries`` (fields or parameters) maps hold at most that many entries and the
+    decode stops at the first map or array past ``2 * max_entries + 1`` (the top map, and
+    per entry its array map and shape): memory stays proportional to the expected layout.
+    """
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise WireError(f"{what} must be bytes, got {type(payload).__name__}")
+    if len(payload) > max_bytes:
+        raise WireError(
+            f"{what} is {len(payload)} bytes, over the cap of {max_bytes}", "RESOURCE_EXHAUSTED"
+        )
+    limits: dict[str, Any] = {"max_array_len": MAX_RANK}
+    if max_entries is not None:
+        max_containers, counter = 2 * max_entries + 1, itertools.count(1)
+
+        def count(container: Any) -> Any:
+            if next(counter) > max_containers:
+                raise WireError(f"{what} holds more than {max_containers} maps and arrays")
+            return container
+
+        limits.update(max_map_len=max(max_entries, len(_ARRAY_KEYS)), object_hook=count, list_hook=count)
+    try:
+        return msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True, **limits)
+    except WireError:
+        raise
+    except Exception as e:  # msgpack raises many types on garbage; all mean bad input.
+        raise WireError(f"{what} is not valid msgpack: {type(e).__name__}: {e}"[:300]) from None
+
+
+def _field_names(names: Sequence[str]) -> str:
+    return ", ".join(sorted(map(str, names)))
+
+
+def check_keys(got: Mapping[str, Any], want: Mapping[str, Any], what: str, code: str) -> None:
+    """Raise naming the missing and unknown keys unless ``got`` has exactly ``want``'s."""
+    missing = [k for k in want if k not in got]
+    unknown = [k for k in got if k not in want]
+    if missing or unknown:
+        parts = [f"missing {what}s: {_field_names(missing)}"] if missing else []
+        parts += [f"unknown {what}s: {_field_names(unknown)}"] if unknown else []
+        raise WireError("; ".join(parts), code)
+
+
+def np_dtype(dtype: Any) -> np.dtype:
+    """A numpy dtype from a numpy dtype, torch dtype or wire name."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in TORCH_DTYPES:
+            raise WireError(f"torch dtype {dtype} is not allowed on the wire")
+        return np.dtype(TORCH_DTYPES[dtype])
+    return np.dtype(dtype)

@@ -1,0 +1,158 @@
+"""TrajectoryBatch payloads: codecs, fields checked against the spec, actor priorities, a one-copy ActorMessage."""
+
+from __future__ import annotations
+
+import enum
+import zlib
+from collections.abc import Sequence
+
+import msgpack
+import numpy as np
+
+from actorlearner.v1 import learner_pb2 as pb
+from actorlearner.wire.arrays import (DEFAULT_MAX_BYTES, Buffer, Spec, WireError, check_keys, decode_array,
+                                      encode_array, np_dtype, unpack)
+
+
+class Codec(enum.IntEnum):
+    """Payload codecs; values and names (with ``CODEC_``) match ``actorlearner.v1.Codec``."""
+
+    UNSPECIFIED = 0
+    MSGPACK = 1
+    MSGPACK_ZLIB = 2
+
+    @property
+    def label(self) -> str:
+        """Short name for configs and flags: ``msgpack`` or ``msgpack+zlib``."""
+        return self.name.lower().replace("_", "+")
+
+    @classmethod
+    def parse(cls, value: Codec | int | str) -> Codec:
+        """A usable codec from an enum, proto value or name; UNSPECIFIED is rejected."""
+        try:
+            if isinstance(value, str):
+                key = value.strip().upper().removeprefix("CODEC_").replace("+", "_")
+                codec = cls[key]
+            else:
+                codec = cls(int(value))
+        except (KeyError, ValueError, TypeError, OverflowError):
+            raise WireError(f"unknown codec {value!r}") from None
+        if codec is cls.UNSPECIFIED:
+            raise WireError("codec is unspecified")
+        return codec
+
+
+def _decompress(payload: Buffer, codec: Codec, max_bytes: int) -> Buffer:
+    """The msgpack bytes of ``payload``; zlib output is capped at ``max_bytes`` (no bombs)."""
+    if codec is Codec.MSGPACK:
+        return payload
+    if len(payload) > max_bytes:
+        raise WireError(
+            f"payload is {len(payload)} bytes, over the cap of {max_bytes}", "RESOURCE_EXHAUSTED"
+        )
+    inflater = zlib.decompressobj()
+    try:  # max_length is max_bytes + 1 (0 would mean unlimited); longer output is a bomb.
+        raw = inflater.decompress(payload, max_bytes + 1)
+    except zlib.error as e:
+        raise WireError(f"payload is not valid zlib data: {e}") from None
+    if len(raw) > max_bytes or inflater.unconsumed_tail:
+        raise WireError(
+            f"decompressed payload exceeds the cap of {max_bytes} bytes", "RESOURCE_EXHAUSTED"
+        )
+    if not inflater.eof:
+        raise WireError("zlib payload is truncated")
+    if inflater.unused_data:
+        raise WireError("zlib payload has trailing bytes")
+    return raw
+
+
+def encode_batch(
+    fields: Mapping[str, np.ndarray], codec: Codec | int | str = Codec.MSGPACK, level: int = 1
+) -> bytes:
+    """A TrajectoryBatch payload: a msgpack map of field name -> array, maybe zlib'd."""
+    codec = Codec.parse(codec)
+    raw = msgpack.packb({str(k): encode_array(v) for k, v in fields.items()}, use_bin_type=True)
+    return zlib.compress(raw, level) if codec is Codec.MSGPACK_ZLIB else raw
+
+
+def decode_batch(
+    payload: Buffer,
+    codec: Codec | int | str,
+    spec: Spec,
+    num_transitions: int,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    *,
+    writable: bool = False,
+) -> dict[str, np.ndarray]:
+    """Fields of a TrajectoryBatch payload, exactly as ``spec`` says, each ``(n, *shape)``.
+
+    Arrays are read-only views over the decoded payload unless ``writable``; floats are
+    finite. Anything else raises WireError (INVALID_ARGUMENT or RESOURCE_EXHAUSTED).
+    """
+    codec = Codec.parse(codec)
+    if type(num_transitions) is not int or num_transitions < 1:
+        raise WireError(f"num_transitions must be a positive int, got {num_transitions!r}")
+    # A few entries of slack so that extra fields are still named as such by _check_keys.
+    obj = unpack(_decompress(payload, codec, max_bytes), max_bytes, "batch payload", len(spec) + 8)
+    if not isinstance(obj, dict):
+        raise WireError(f"batch payload must be a map of fields, got {type(obj).__name__}")
+    check_keys(obj, spec, "field", "INVALID_ARGUMENT")
+    out: dict[str, np.ndarray] = {}
+    for name, (shape, dtype) in spec.items():
+        try:
+            array = decode_array(obj[name], max_bytes, writable=writable)
+        except WireError as e:
+            raise WireError(f"field {name!r}: {e}", e.code) from None
+        want_dtype, want_shape = np_dtype(dtype), (num_transitions, *map(int, shape))
+        if array.dtype != want_dtype:
+            raise WireError(f"field {name!r} has dtype {array.dtype}, expected {want_dtype}")
+        if array.shape != want_shape:
+            raise WireError(f"field {name!r} has shape {array.shape}, expected {want_shape}")
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            bad = "NaN" if np.isnan(array).any() else "inf"
+            raise WireError(f"field {name!r} contains {bad}")
+        out[name] = array
+    return out
+
+
+def decode_priorities(priorities: Sequence[float], num_transitions: int) -> np.ndarray | None:
+    """Actor priorities as float32, or None when empty; finite, >= 0, one per transition."""
+    if len(priorities) == 0:
+        return None
+    array = np.asarray(priorities, dtype=np.float32)
+    if array.shape != (num_transitions,):
+        raise WireError(f"{len(array)} priorities for {num_transitions} transitions")
+    if not np.isfinite(array).all() or (array < 0).any():
+        raise WireError("priorities must be finite and non-negative")
+    return array
+
+
+def encode_batch_message(seq: int, policy_version: int, num_transitions: int, payload: bytes,
+                         codec: Codec | int | str, priorities: Sequence[float] = (),
+                         games: Sequence[pb.GameResult] = (), opponents: Sequence[str] = ()) -> bytes:
+    """A serialized ``ActorMessage{batch}`` that copies the payload once.
+
+    Building the proto objects would copy a large payload into the batch, again into the
+    message, and again when serializing. Protobuf lets fields come in any order, so the
+    small fields are serialized normally and the payload field is appended as raw bytes.
+    """
+    head = pb.TrajectoryBatch(seq=seq, policy_version=policy_version, num_transitions=num_transitions,
+                              codec=int(Codec.parse(codec)), priorities=priorities, games=games,
+                              opponents=opponents).SerializeToString()
+    payload_key = _field_key(pb.TrajectoryBatch, "payload") + _varint(len(payload))
+    inner = len(head) + len(payload_key) + len(payload)
+    return b"".join((_field_key(pb.ActorMessage, "batch"), _varint(inner), head, payload_key, payload))
+
+
+def _field_key(message_class, field: str) -> bytes:
+    """The protobuf key of a length-delimited field (wire type 2)."""
+    return _varint(message_class.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
