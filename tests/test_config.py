@@ -1,5 +1,5 @@
 """Configs: one source for flags, env vars and TOML; the algorithm's own options prefixed with its name;
-the README's tables stay generated from it."""
+the README's tables and code map stay generated from the code."""
 
 import argparse
 from dataclasses import dataclass
@@ -10,7 +10,7 @@ import pytest
 
 from actorlearner import config as cfg
 from actorlearner.algorithms.dqn import DQN, DQNConfig
-from actorlearner.docs import render
+from actorlearner.docs import SECTIONS, UNDOCUMENTED, code_map, render, summary
 
 
 def parse(cls, argv, algorithm=None):
@@ -180,6 +180,22 @@ def test_every_option_has_help_and_a_unique_flag():
         assert len({o.env_var for o in learner}) == len(learner)
 
 
-def test_readme_option_tables_are_current():
+def test_readme_option_tables_and_code_map_are_current():
     readme = (Path(__file__).parents[1] / "README.md").read_text()
-    assert render(readme) == readme, "README option tables are stale: run `python -m actorlearner.docs`"
+    assert render(readme) == readme, "README option tables or code map are stale: run `make docs`"
+    for block in [*(f"options:{name}" for name in SECTIONS), "code-map"]:
+        assert f"<!-- {block} -->" in readme and f"<!-- /{block} -->" in readme, f"README lacks its {block} block"
+
+
+def test_the_code_map_names_every_module_with_its_docstring():
+    package = Path(__file__).parents[1] / "actorlearner"
+    mapped = code_map(package)
+    modules = [p for p in package.rglob("*.py") if "v1" not in p.relative_to(package).parts]
+    for path in modules:
+        at = path.relative_to(package.parent).parent.as_posix()
+        entry = f"`{at}/`" if path.name == "__init__.py" else f"`{path.name}`"
+        assert entry in mapped, f"the code map lacks {path}"
+    assert "`actorlearner/v1/`" in mapped and "_pb2" not in mapped  # generated code: one line
+    undocumented = [str(p.relative_to(package)) for p in modules if summary(p) == UNDOCUMENTED]
+    assert undocumented == [], f"modules without a docstring: {undocumented}"
+    assert summary(package / "docs.py").startswith("Regenerate the README's generated parts")
