@@ -9,8 +9,6 @@ except gRPC health checks, which Kubernetes' probes send without one. Clients:
 from __future__ import annotations
 
 import hmac
-import random
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,31 +62,6 @@ def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ]
-
-
-def reconnect_options(max_message_bytes: int) -> list[tuple[str, int]]:
-    """Channel options for a client that reconnects on its own: a channel per attempt, with no
-    subchannel shared with earlier channels, or a new one inherits gRPC's own (growing) backoff."""
-    return grpc_options(max_message_bytes) + [("grpc.use_local_subchannel_pool", 1)]
-
-
-class Backoff:
-    """Reconnect delays: ``initial`` seconds, doubling up to ``maximum``, each jittered by +-50%."""
-
-    def __init__(self, initial: float, maximum: float):
-        self.initial, self.maximum = initial, maximum
-        self.delay = initial
-
-    def reset(self) -> None:
-        """A stream worked: the next break starts from ``initial`` again."""
-        self.delay = self.initial
-
-    def wait(self, closing: threading.Event) -> bool:
-        """Sleep the next delay; True (at once) if ``closing`` is set meanwhile."""
-        if closing.wait(self.delay * random.uniform(0.5, 1.5)):
-            return True
-        self.delay = min(self.delay * 2, self.maximum)
-        return False
 
 
 def _read(path: str) -> bytes | None:

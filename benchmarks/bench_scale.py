@@ -22,10 +22,10 @@ import grpc
 import numpy as np
 
 from actorlearner import wire
-from actorlearner.actor.link import CONNECT_METHOD
 from actorlearner.config import LearnerConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.server import serve
+from actorlearner.streaming.service import CONNECT_METHOD
 from actorlearner.transport import grpc_options
 from actorlearner.v1 import learner_pb2 as pb
 from bench_ingest import measure

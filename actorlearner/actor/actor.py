@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from actorlearner import specs, wire
-from actorlearner.actor.link import LearnerLink, Session, SettingsError, policy_key
+from actorlearner.actor.link import AppliedWelcome, LearnerLink, SettingsError, policy_key
 from actorlearner.algorithms import Algorithm, TransitionAssembler, make_config, resolve, retune
 from actorlearner.config import ActorConfig
 from actorlearner.envs import make_env, make_vector_env
@@ -70,7 +70,7 @@ class Actor:
                                 config.reconnect_initial, config.reconnect_max, config.security,
                                 build_policy=self._build_policy)
         # What the env loop runs; only its thread changes these.
-        self.session: Session | None = None  # the Welcome whose settings are in force
+        self.session: AppliedWelcome | None = None  # the Welcome whose settings are in force
         self.algorithm: Algorithm | None = None
         self.policy_version = -1  # -1 while the network has no weights
         self.assembler: TransitionAssembler | None = None
@@ -183,7 +183,7 @@ class Actor:
             self.pool.current = (self.policy_version, self.algorithm)
         return self.policy_version >= 0
 
-    def _apply_session(self, session: Session) -> None:
+    def _apply_session(self, session: AppliedWelcome) -> None:
         """Close out the previous session if needed, then rebuild what depends on the settings."""
         settings, previous = session.settings, self.session
         if previous is None:
@@ -305,7 +305,7 @@ class Actor:
         self.batches_sent += 1
 
 
-def _reshapes_batches(previous: Session, session: Session) -> bool:
+def _reshapes_batches(previous: AppliedWelcome, session: AppliedWelcome) -> bool:
     """Whether data collected under ``previous`` must go out before ``session`` applies: another
     learner (its versions may mean something else) or settings that shape transitions and batches."""
     shaping = ("batch_size", "codec", "actor_priorities")

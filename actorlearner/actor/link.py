@@ -1,6 +1,6 @@
 """The actor's side of a Connect stream: bounded unacked window, resend on reconnect, latest policy slot.
 
-Every Welcome starts a :class:`Session`: the learner's settings and the network they
+Every Welcome is applied as an :class:`AppliedWelcome`: the learner's settings and the network they
 describe. Policy updates are decoded here, on the reader thread, against that network's
 state-dict spec, and handed over together with their session, so the env loop never
 loads weights into a network built for another Welcome.
@@ -22,21 +22,15 @@ import torch
 
 from actorlearner import wire
 from actorlearner.algorithms import Algorithm, fixed_config_json
-from actorlearner.transport import Backoff, SecurityConfig, open_channel, reconnect_options
+from actorlearner.streaming.reconnect import Reconnecting, Refused, drain
+from actorlearner.streaming.service import CONNECT_METHOD
+from actorlearner.transport import SecurityConfig
 from actorlearner.v1 import learner_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
-# Statuses that mean "this actor can never be served": retrying would not help.
-FATAL_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
-               grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
-               grpc.StatusCode.UNIMPLEMENTED}
 
-
-CONNECT_METHOD = f"/{pb.DESCRIPTOR.services_by_name['Learner'].full_name}/Connect"
-
-
-class LinkError(RuntimeError):
+class LinkError(Refused):
     """The learner refused this actor for good (wrong env spec, protocol, credentials...), or
     sent settings or weights this actor cannot apply."""
 
@@ -46,10 +40,10 @@ class SettingsError(ValueError):
 
 
 @dataclass(frozen=True, eq=False)
-class Session:
+class AppliedWelcome:
     """One Welcome as the actor applies it: the learner's settings and the algorithm they name.
 
-    ``policy`` is a fresh algorithm built for these settings (None for a link without
+    ``policy`` is a fresh policy of the algorithm these settings name (None for a link without
     ``build_policy``); ``policy_spec`` is what every PolicyUpdate of the session must match.
     """
 
@@ -76,10 +70,10 @@ class ReceivedPolicy(NamedTuple):
 
     version: int
     state: dict[str, torch.Tensor]
-    session: Session
+    session: AppliedWelcome
 
 
-class LearnerLink:
+class LearnerLink(Reconnecting):
     """Keeps one stream to the learner alive and carries batches, stats and policy updates.
 
     Batches stay in the unacked window until the learner acks them; after a reconnect
@@ -89,7 +83,7 @@ class LearnerLink:
     bytes (see ``wire.encode_batch_message``), so a resend costs no re-encoding: a batch
     keeps its seq, size and codec even when a later Welcome changes the settings.
 
-    ``build_policy`` checks a Welcome's settings and builds the algorithm they name (on
+    ``build_policy`` checks a Welcome's settings and builds a policy of the algorithm they name (on
     the reader thread); it raises :class:`SettingsError` for settings it cannot apply.
     Without it (a weights-only client) updates are decoded without an expected spec.
     Once welcomed, every Hello names the algorithm and batch fields of the newest Welcome:
@@ -105,17 +99,13 @@ class LearnerLink:
     def __init__(self, address: str, hello: pb.Hello, max_message_bytes: int,
                  reconnect_initial: float = 0.1, reconnect_max: float = 5.0, security: SecurityConfig | None = None,
                  build_policy: Callable[[pb.Welcome], Algorithm] | None = None):
-        self.address = address
-        self.security = security
+        super().__init__(address, security, max_message_bytes, reconnect_initial, reconnect_max, "learner-link")
         self.hello = hello
-        self.max_message_bytes = max_message_bytes
-        self.reconnect_initial, self.reconnect_max = reconnect_initial, reconnect_max
         self.build_policy = build_policy
-        self.session: Session | None = None  # from the newest Welcome
+        self.session: AppliedWelcome | None = None  # from the newest Welcome
         self.welcomed = threading.Event()
         self.connected = False  # a stream is up and welcomed
         self.error: LinkError | None = None
-        self.reconnects = 0
         self.welcomes = 0  # Welcomes received, over all streams
         self.peak_unacked = 0  # the most batches the window ever held
         self._unacked: OrderedDict[int, tuple[bytes, int]] = OrderedDict()  # seq -> (message, policy version)
@@ -127,13 +117,6 @@ class LearnerLink:
         self._held_version = hello.policy_version
         self._held_key: tuple[str, str] | None = None  # policy_key of the session whose weights the actor runs
         self._ask_for_weights = False  # the next Hello says -1: the learner withheld weights we need
-        self._closing = threading.Event()
-        self._call = None
-        self._thread = threading.Thread(target=self._run, name="learner-link", daemon=True)
-
-    def start(self) -> LearnerLink:
-        self._thread.start()
-        return self
 
     @property
     def max_unacked(self) -> int:
@@ -209,9 +192,7 @@ class LearnerLink:
         with self._lock:
             self._end_requests()
             self._lock.notify_all()
-        if self._call is not None:
-            self._call.cancel()
-        self._thread.join(timeout=5)
+        super().close()
 
     def _raise_if_failed(self) -> None:
         if self.error is not None:
@@ -222,35 +203,12 @@ class LearnerLink:
             self._requests.put(None)
             self._requests = None
 
-    def _run(self) -> None:
-        """Connect, serve the stream until it breaks, back off with jitter, repeat."""
-        backoff = Backoff(self.reconnect_initial, self.reconnect_max)
-        options = reconnect_options(self.max_message_bytes)
-        while not self._closing.is_set():
-            welcomes, broke = self.welcomes, None
-            with open_channel(self.address, self.security, options) as channel:
-                try:
-                    self._serve_stream(channel)
-                except grpc.RpcError as exc:
-                    if exc.code() in FATAL_CODES:
-                        self._fail(LinkError(f"learner at {self.address} refused this actor: "
-                                             f"{exc.code().name}: {exc.details()}"))
-                        return
-                    broke = exc.code().name
-                except LinkError as exc:
-                    self._fail(exc)
-                    return
-                except wire.WireError as exc:
-                    logger.warning("bad policy update from learner: %s; reconnecting", exc)
-            if self.welcomes > welcomes:  # the stream worked, however it ended: start backoff afresh
-                backoff.reset()
-            if broke and not self._closing.is_set():
-                logger.info("stream to %s broke (%s); reconnecting in %.2fs", self.address, broke, backoff.delay)
-            with self._lock:
-                self._end_requests()
-            if backoff.wait(self._closing):
-                return
-            self.reconnects += 1
+    def _stream_ended(self, reason: str) -> None:
+        with self._lock:
+            self._end_requests()
+
+    def _refusal(self, exc: grpc.RpcError) -> LinkError:
+        return LinkError(f"learner at {self.address} refused this actor: {exc.code().name}: {exc.details()}")
 
     def _serve_stream(self, channel: grpc.Channel) -> None:
         """One stream: Hello, resend the window, then read until it ends."""
@@ -268,7 +226,7 @@ class LearnerLink:
         assembler = wire.ChunkAssembler(self.max_message_bytes * 64)
         connect = channel.stream_stream(CONNECT_METHOD, request_serializer=None,  # requests are bytes already
                                         response_deserializer=pb.LearnerMessage.FromString)
-        self._call = connect(_drain(requests))
+        self._call = connect(drain(requests))
         try:
             self._read(self._call, assembler, hello.policy_version)
         finally:
@@ -299,6 +257,7 @@ class LearnerLink:
                     self._league = message.league
             elif kind == "welcome":
                 self._start_session(message.welcome)
+                self.connects += not self.connected
                 self.connected = True
                 self.welcomes += 1
                 self.welcomed.set()
@@ -323,7 +282,7 @@ class LearnerLink:
         with self._lock:
             if self.session is None or policy_key(self.session.settings) != policy_key(welcome.settings):
                 self._policy = None
-            self.session = Session(welcome, policy, spec)
+            self.session = AppliedWelcome(welcome, policy, spec)
             self.hello.algorithm = welcome.settings.algorithm
             self.hello.ClearField("batch_fields")
             self.hello.batch_fields.extend(welcome.batch_fields)
@@ -360,15 +319,10 @@ class LearnerLink:
             else:
                 self._policy = ReceivedPolicy(version, state, session)
 
-    def _fail(self, error: LinkError) -> None:
+    def _refused(self, error: LinkError) -> None:
         with self._lock:
             self.error = error
             self._end_requests()
             self._lock.notify_all()
         self.welcomed.set()  # release anyone waiting for a Welcome that will never come
 
-
-def _drain(requests: queue.Queue):
-    """The request side of a stream: messages until a None arrives."""
-    while (message := requests.get()) is not None:
-        yield message

@@ -18,9 +18,9 @@ import torch
 
 from actorlearner import wire
 from actorlearner.config import LeagueConfig
-from actorlearner.learner.broadcast import policy_update_messages
 from actorlearner.league.ratings import INITIAL_RATING, SCORES, Record, elo_update, pfsp_weight
 from actorlearner.metrics import Metric
+from actorlearner.streaming.broadcast import policy_update_messages
 from actorlearner.v1 import learner_pb2 as pb
 
 SELF = "self"

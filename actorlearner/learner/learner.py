@@ -21,11 +21,9 @@ from actorlearner.algorithms import config_json, make_config, resolve, retune
 from actorlearner.config import LearnerConfig
 from actorlearner.envs import make_env
 from actorlearner.envs.multiagent import is_multi_agent, seat_spaces
-from actorlearner.learner.broadcast import PolicyBroadcast
 from actorlearner.learner.checkpoint import CheckpointError, CheckpointStore, load_rng_state, rng_state
 from actorlearner.learner.distributed import DataParallel, local_device, resolve_world
 from actorlearner.learner.evaluator import EvalResult, evaluate
-from actorlearner.learner.onnx_feed import FORMAT as ONNX_FORMAT
 from actorlearner.learner.onnx_feed import OnnxFeed
 from actorlearner.learner.parameters import Change, ParameterError, current_values, plan
 from actorlearner.league import League
@@ -33,6 +31,7 @@ from actorlearner.league.evaluation import evaluate_league
 from actorlearner.league.opponents import load_scripted
 from actorlearner.metrics import Metric
 from actorlearner.replay import NothingRecentEnough, PrioritizedReplay, RateLimiter
+from actorlearner.streaming.broadcast import ONNX_FORMAT, PolicyBroadcast
 from actorlearner.v1 import learner_pb2 as pb
 
 logger = logging.getLogger(__name__)

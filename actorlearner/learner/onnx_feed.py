@@ -16,11 +16,9 @@ import gymnasium as gym
 from actorlearner import wire
 from actorlearner.algorithms import Algorithm
 from actorlearner.export import onnx_program, weights_replaceable
-from actorlearner.learner.broadcast import PolicyBroadcast
+from actorlearner.streaming.broadcast import PolicyBroadcast
 
 logger = logging.getLogger(__name__)
-
-FORMAT = "onnx"
 
 
 class OnnxFeed:

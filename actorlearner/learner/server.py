@@ -1,23 +1,21 @@
-"""The Learner gRPC service: one session per actor stream; decode, validate, hand off, ack."""
+"""The Learner gRPC service: one served stream per Connect; decode, validate, hand off, ack."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import threading
-from concurrent import futures
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from actorlearner import wire
 from actorlearner.health import Health
-from actorlearner.learner.broadcast import PolicyBroadcast
 from actorlearner.learner.learner import ActorStream, IngestAborted, Learner, Refusal
-from actorlearner.learner.onnx_feed import FORMAT as ONNX_FORMAT
-from actorlearner.learner.outbox import Outbox
 from actorlearner.learner.parameters import ParameterError
-from actorlearner.transport import add_port, auth_interceptors, grpc_options
+from actorlearner.streaming.broadcast import ONNX_FORMAT, PolicyBroadcast
+from actorlearner.streaming.served import ServedStream
+from actorlearner.streaming.service import StreamCap, learner_server, parsed, read_hello
+from actorlearner.transport import add_port
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
@@ -29,18 +27,15 @@ Python client drops messages it has not read when the stream's status arrives: w
 a Python actor could miss the Shutdown."""
 
 
-class Session(Outbox):
-    """One Connect stream: the policy broadcast it follows, acks waiting to go out, the last version
-    sent, and how it ended."""
+class LearnerServedStream(ServedStream):
+    """One Connect stream into the learner: the actor's ``session`` with the learner (a relay's own,
+    for a relay's stream), the policy broadcast it follows, and what the learner sent on it."""
 
-    def __init__(self, stream: ActorStream, broadcast: PolicyBroadcast):
-        super().__init__()
-        self.stream = stream
+    def __init__(self, session: ActorStream, broadcast: PolicyBroadcast):
+        super().__init__(session.record.actor_id, session.record.relay)
+        self.session = session
         self.broadcast = broadcast
-        self.actor_id = stream.record.actor_id
-        self.sent_version = -1
         self.settings_version = -1  # the learner's settings_version of the last Welcome sent
-        self.relay = stream.record.relay
         self.children: dict[str, ActorStream] = {}  # a relay's actors, by id; under cond
         self.refused: set[str] = set()  # a relay's actors refused since they last joined; under cond
         self.league_revision = 0  # the league's revision last sent (self-play)
@@ -50,14 +45,14 @@ class Session(Outbox):
         """``version`` goes out next; a relay's status shows it as the version the relay holds."""
         self.sent_version = version
         if self.relay:
-            self.stream.record.policy_version = version
+            self.session.record.policy_version = version
 
     def close(self) -> None:
         """The stream is over: the sender returns, and a batch waiting on the rate limiter gives up."""
         super().close()
         with self.cond:
             children = list(self.children.values())
-        self.stream.ended.set()
+        self.session.ended.set()
         for child in children:
             child.ended.set()
 
@@ -67,71 +62,54 @@ class LearnerService(pb_grpc.LearnerServicer):
 
     def __init__(self, learner: Learner, max_streams: int = 64):
         self.learner = learner
-        self.max_streams = max_streams
-        self._streams = threading.BoundedSemaphore(max_streams)
+        self._cap = StreamCap(max_streams, "the learner")
 
     def Connect(self, request_iterator, context):
-        """One actor session; past ``max_streams`` open streams a new one is refused, not queued."""
-        if not self._streams.acquire(blocking=False):
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"the learner is at its cap of {self.max_streams} concurrent streams (max_streams)")
-        try:
-            yield from self._session(_parsed(request_iterator), context)
-        finally:
-            self._streams.release()
+        """One actor's (or relay's) stream; past ``max_streams`` open streams a new one is refused, not queued."""
+        with self._cap.slot(context):
+            yield from self._serve(parsed(request_iterator), context)
 
-    def _session(self, request_iterator, context):
-        timer = threading.Timer(self.learner.config.hello_timeout, context.cancel)  # no Hello: free the slot
-        timer.start()
-        try:
-            first = next(request_iterator, None)
-        except wire.WireError as exc:
-            context.abort(exc.status_code, str(exc))
-        except grpc.RpcError:
-            first = None  # cancelled: the Hello never came, or the client went away
-        finally:
-            timer.cancel()
-        if first is None:
+    def _serve(self, request_iterator, context):
+        hello = read_hello(request_iterator, context, self.learner.config.hello_timeout)
+        if hello is None:
             return
-        if first.WhichOneof("kind") != "hello":
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the first message of a stream must be Hello")
-        refusal = self.learner.check_hello(first.hello)
+        refusal = self.learner.check_hello(hello)
         if refusal:
             context.abort(getattr(grpc.StatusCode, refusal.code), refusal.reason)
-        onnx = first.hello.policy_format == ONNX_FORMAT
-        session = Session(self.learner.connect(first.hello),
-                          self.learner.onnx_feed.broadcast if onnx else self.learner.broadcast)
-        context.add_callback(session.close)
-        session.broadcast.listen(session.wake)
+        onnx = hello.policy_format == ONNX_FORMAT
+        stream = LearnerServedStream(self.learner.connect(hello),
+                                      self.learner.onnx_feed.broadcast if onnx else self.learner.broadcast)
+        context.add_callback(stream.close)
+        stream.broadcast.listen(stream.wake)
         if onnx:
             self.learner.onnx_feed.subscribe()
-        if session.relay:
-            logger.info("relay %s connected", session.actor_id)
+        if stream.relay:
+            logger.info("relay %s connected", stream.actor_id)
         else:
-            logger.info("actor %s connected (index %d)", session.actor_id, session.stream.record.index)
-        threading.Thread(target=self._read, args=(request_iterator, session), daemon=True,
-                         name=f"read-{session.actor_id}").start()
+            logger.info("actor %s connected (index %d)", stream.actor_id, stream.session.record.index)
+        threading.Thread(target=self._read, args=(request_iterator, stream), daemon=True,
+                         name=f"read-{stream.actor_id}").start()
         try:
-            version, messages = session.broadcast.latest()  # one snapshot: Welcome names what follows
-            session.settings_version = self.learner.settings_version
-            yield pb.LearnerMessage(welcome=self.learner.welcome(session.stream, version))
-            session.sent(version)
-            if first.hello.policy_version != version:  # the actor holds it already otherwise
+            version, messages = stream.broadcast.latest()  # one snapshot: Welcome names what follows
+            stream.settings_version = self.learner.settings_version
+            yield pb.LearnerMessage(welcome=self.learner.welcome(stream.session, version))
+            stream.sent(version)
+            if hello.policy_version != version:  # the actor holds it already otherwise
                 yield from messages
-            yield from self._send(session)
+            yield from self._send(stream)
         finally:
-            session.broadcast.unlisten(session.wake)
+            stream.broadcast.unlisten(stream.wake)
             if onnx:
                 self.learner.onnx_feed.unsubscribe()
-            session.close()
-            with session.cond:
-                children, session.children = list(session.children.values()), {}
+            stream.close()
+            with stream.cond:
+                children, stream.children = list(stream.children.values()), {}
             for child in children:
                 self.learner.disconnect(child)
-            self.learner.disconnect(session.stream)
-            logger.info("actor %s disconnected", session.actor_id)
-        if session.error:
-            context.abort(*session.error)
+            self.learner.disconnect(stream.session)
+            logger.info("actor %s disconnected", stream.actor_id)
+        if stream.error:
+            context.abort(*stream.error)
 
     def GetStatus(self, request, context):
         return self.learner.status()
@@ -147,23 +125,23 @@ class LearnerService(pb_grpc.LearnerServicer):
         return pb.SetParametersResponse(previous=[pb.Parameter(name=c.name, value=c.previous) for c in changes],
                                         applied=[pb.Parameter(name=c.name, value=c.value) for c in changes])
 
-    def _read(self, request_iterator, session: Session) -> None:
+    def _read(self, request_iterator, stream: LearnerServedStream) -> None:
         """Consume the actor's messages until it half-closes, sends a bad one, or the stream ends.
 
         A half-close ends the actor's input only: the stream keeps carrying policy
         updates until the actor cancels it (a weights-only subscriber is legal). Whatever
         goes wrong ends this stream alone, with a status and a reason, logged once.
         """
-        actor_id = session.actor_id
+        actor_id = stream.actor_id
         try:
             for message in request_iterator:
                 kind = message.WhichOneof("kind")
-                if session.relay:
-                    self._relayed(session, message)
+                if stream.relay:
+                    self._relayed(stream, message)
                 elif message.actor_id:
                     raise wire.WireError("ActorMessage.actor_id is only for a relay's stream")
                 elif kind in ("batch", "episode_stats"):
-                    self._handle(session, session.stream, message)
+                    self._handle(stream, stream.session, message)
                 elif kind == "hello":
                     raise wire.WireError("Hello may only be the first message of a stream", "FAILED_PRECONDITION")
                 elif kind == "leave":
@@ -174,75 +152,75 @@ class LearnerService(pb_grpc.LearnerServicer):
             logger.info("actor %s: a batch was not stored (%s); the actor resends it", actor_id, exc)
         except wire.WireError as exc:
             logger.warning("actor %s sent bad input: %s", actor_id, exc)
-            session.fail(exc.status_code, str(exc))
+            stream.fail(exc.status_code, str(exc))
         except grpc.RpcError:
-            session.close()  # the stream ended under us: the actor went away
+            stream.close()  # the stream ended under us: the actor went away
         except ValueError as exc:  # the buffer's own validation
             logger.warning("actor %s sent bad input: %s", actor_id, exc)
-            session.fail(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            stream.fail(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception as exc:  # a bug or a failing device (e.g. CUDA out of memory): this stream only
             logger.exception("actor %s: the learner failed on this stream's message", actor_id)
-            session.fail(grpc.StatusCode.INTERNAL, f"the learner failed on this stream's message: "
+            stream.fail(grpc.StatusCode.INTERNAL, f"the learner failed on this stream's message: "
                                                    f"{type(exc).__name__}: {exc}")
 
-    def _handle(self, session: Session, stream: ActorStream, message: pb.ActorMessage) -> None:
-        """Store a batch and ack it, or account episode stats, for ``stream`` (a relay's actor's: acked by actor_id)."""
+    def _handle(self, stream: LearnerServedStream, session: ActorStream, message: pb.ActorMessage) -> None:
+        """Store a batch and ack it, or account episode stats, for ``session`` (a relay's actor's: acked by actor_id)."""
         if message.WhichOneof("kind") == "batch":
-            inserted = self.learner.ingest(stream, message.batch)
-            session.push(pb.LearnerMessage(actor_id=message.actor_id, ack=pb.Ack(
+            inserted = self.learner.ingest(session, message.batch)
+            stream.push(pb.LearnerMessage(actor_id=message.actor_id, ack=pb.Ack(
                 seq=message.batch.seq, accepted=True, reason="" if inserted else "duplicate")))
         else:
-            self.learner.record_episodes(stream, message.episode_stats)
+            self.learner.record_episodes(session, message.episode_stats)
 
-    def _relayed(self, session: Session, message: pb.ActorMessage) -> None:
+    def _relayed(self, stream: LearnerServedStream, message: pb.ActorMessage) -> None:
         """A message on a relay's stream. One actor's bad input (or a failure on it) refuses that
         actor alone, as its own stream would end; a message for an actor that never joined, the relay's fault,
         ends the relay's stream."""
         actor_id, kind = message.actor_id, message.WhichOneof("kind")
         if kind in ("hello", "leave"):
-            self._relayed_arrival(session, message)
+            self._relayed_arrival(stream, message)
             return
-        with session.cond:
-            stream = session.children.get(actor_id)
-            refused = actor_id in session.refused
-        if stream is None:
+        with stream.cond:
+            session = stream.children.get(actor_id)
+            refused = actor_id in stream.refused
+        if session is None:
             if refused:
                 return  # sent before the relay saw the refusal
-            raise wire.WireError(f"relay {session.actor_id} sent {kind or 'an empty message'} for actor "
+            raise wire.WireError(f"relay {stream.actor_id} sent {kind or 'an empty message'} for actor "
                                  f"{actor_id!r}, which has not joined through it")
         try:
             if kind not in ("batch", "episode_stats"):
                 raise wire.WireError("empty ActorMessage")
-            self._handle(session, stream, message)
+            self._handle(stream, session, message)
         except (wire.WireError, ValueError) as exc:
-            logger.warning("actor %s (through relay %s) sent bad input: %s", actor_id, session.actor_id, exc)
+            logger.warning("actor %s (through relay %s) sent bad input: %s", actor_id, stream.actor_id, exc)
             code = exc.status_code.name if isinstance(exc, wire.WireError) else "INVALID_ARGUMENT"
-            self._refuse(session, actor_id, Refusal(code, str(exc)))
+            self._refuse(stream, actor_id, Refusal(code, str(exc)))
         except IngestAborted:
             raise
         except Exception as exc:  # a bug or a failing device: this actor only
             logger.exception("actor %s (through relay %s): the learner failed on its message", actor_id,
-                             session.actor_id)
-            self._refuse(session, actor_id, Refusal("INTERNAL", f"the learner failed on this stream's message: "
+                             stream.actor_id)
+            self._refuse(stream, actor_id, Refusal("INTERNAL", f"the learner failed on this stream's message: "
                                                                 f"{type(exc).__name__}: {exc}"))
 
-    def _refuse(self, session: Session, actor_id: str, refusal: Refusal) -> None:
+    def _refuse(self, stream: LearnerServedStream, actor_id: str, refusal: Refusal) -> None:
         """End a relay's actor as its own stream would end: a Refusal routed to it; what it sent before
         the relay saw it is dropped."""
-        with session.cond:
-            stream = session.children.pop(actor_id, None)
-            session.refused.add(actor_id)
-        if stream is not None:
-            self.learner.disconnect(stream)
-        session.push(pb.LearnerMessage(actor_id=actor_id, refusal=pb.Refusal(code=refusal.code, reason=refusal.reason)))
+        with stream.cond:
+            session = stream.children.pop(actor_id, None)
+            stream.refused.add(actor_id)
+        if session is not None:
+            self.learner.disconnect(session)
+        stream.push(pb.LearnerMessage(actor_id=actor_id, refusal=pb.Refusal(code=refusal.code, reason=refusal.reason)))
 
-    def _relayed_arrival(self, session: Session, message: pb.ActorMessage) -> None:
+    def _relayed_arrival(self, stream: LearnerServedStream, message: pb.ActorMessage) -> None:
         """On a relay's stream: an actor joins (checked as its own Hello would be: Welcome or
         Refusal, routed by actor_id) or leaves."""
         actor_id = message.actor_id
-        with session.cond:
-            previous = session.children.pop(actor_id, None)
-            session.refused.discard(actor_id)
+        with stream.cond:
+            previous = stream.children.pop(actor_id, None)
+            stream.refused.discard(actor_id)
         if previous is not None:
             self.learner.disconnect(previous)
         if message.WhichOneof("kind") == "leave":
@@ -252,93 +230,55 @@ class LearnerService(pb_grpc.LearnerServicer):
             Refusal("INVALID_ARGUMENT", "a relayed Hello must name its actor_id in ActorMessage.actor_id and "
                                         "must not be a relay's") if hello.actor_id != actor_id or hello.relay else None)
         if refusal:
-            self._refuse(session, actor_id, refusal)
+            self._refuse(stream, actor_id, refusal)
             return
-        stream = self.learner.connect(hello, via=session.actor_id)
-        with session.cond:
-            joined = not session.closed  # else the session's cleanup is past: it would not disconnect it
+        session = self.learner.connect(hello, via=stream.actor_id)
+        with stream.cond:
+            joined = not stream.closed  # else the stream's cleanup is past: it would not disconnect it
             if joined:
-                session.children[actor_id] = stream
+                stream.children[actor_id] = session
         if not joined:
-            self.learner.disconnect(stream)
+            self.learner.disconnect(session)
             return
-        session.push(pb.LearnerMessage(actor_id=actor_id, welcome=self.learner.welcome(stream, session.sent_version)))
-        logger.info("actor %s joined through relay %s (index %d)", actor_id, session.actor_id, stream.record.index)
+        stream.push(pb.LearnerMessage(actor_id=actor_id, welcome=self.learner.welcome(session, stream.sent_version)))
+        logger.info("actor %s joined through relay %s (index %d)", actor_id, stream.actor_id, session.record.index)
 
-    def _send(self, session: Session):
+    def _send(self, stream: LearnerServedStream):
         """Yield acks as they come, the newest policy version whenever one is published, a new
         Welcome whenever the learner's settings change, and the league whenever it changes."""
         learner = self.learner
-        broadcast, stopping, league = session.broadcast, learner.stopping, learner.league
+        broadcast, stopping, league = stream.broadcast, learner.stopping, learner.league
         while True:
-            with session.cond:
-                while not (session.outbox or session.closed or stopping.is_set()
-                           or broadcast.version > session.sent_version
-                           or learner.settings_version > session.settings_version
-                           or (league is not None and league.revision > session.league_revision)):
-                    session.cond.wait(0.5)
-                outbox = list(session.outbox)
-                session.outbox.clear()
+            with stream.cond:
+                while not (stream.outbox or stream.closed or stopping.is_set()
+                           or broadcast.version > stream.sent_version
+                           or learner.settings_version > stream.settings_version
+                           or (league is not None and league.revision > stream.league_revision)):
+                    stream.cond.wait(0.5)
+                outbox = list(stream.outbox)
+                stream.outbox.clear()
             yield from outbox
-            if session.closed:
+            if stream.closed:
                 return
             if stopping.is_set():
                 yield pb.LearnerMessage(shutdown=pb.Shutdown(reason="learner is shutting down"))
-                with session.cond:
-                    session.cond.wait_for(lambda: session.closed, SHUTDOWN_GRACE_SECONDS)
+                with stream.cond:
+                    stream.cond.wait_for(lambda: stream.closed, SHUTDOWN_GRACE_SECONDS)
                 return
-            if learner.settings_version > session.settings_version:
-                session.settings_version = learner.settings_version
-                yield pb.LearnerMessage(welcome=learner.welcome(session.stream, session.sent_version))
-                with session.cond:
-                    children = list(session.children.items())
+            if learner.settings_version > stream.settings_version:
+                stream.settings_version = learner.settings_version
+                yield pb.LearnerMessage(welcome=learner.welcome(stream.session, stream.sent_version))
+                with stream.cond:
+                    children = list(stream.children.items())
                 for child_id, child in children:
-                    yield pb.LearnerMessage(actor_id=child_id, welcome=learner.welcome(child, session.sent_version))
+                    yield pb.LearnerMessage(actor_id=child_id, welcome=learner.welcome(child, stream.sent_version))
             version, messages = broadcast.latest()
-            if version > session.sent_version:
-                session.sent(version)
+            if version > stream.sent_version:
+                stream.sent(version)
                 yield from messages
-            if league is not None and league.revision > session.league_revision:
-                session.league_revision, messages = league.menu(session.snapshots_sent)
+            if league is not None and league.revision > stream.league_revision:
+                stream.league_revision, messages = league.menu(stream.snapshots_sent)
                 yield from messages
-
-
-def _parse_actor_message(data: bytes) -> pb.ActorMessage | wire.WireError:
-    """Connect's request deserializer: bytes that do not parse become a WireError that the
-    session answers with INVALID_ARGUMENT (gRPC's own would end the stream with a bare INTERNAL)."""
-    try:
-        return pb.ActorMessage.FromString(data)
-    except DecodeError as exc:
-        return wire.WireError(f"message does not parse as an ActorMessage: {exc}")
-
-
-def _parsed(requests):
-    """The actor's messages; raises the WireError standing for one that did not parse."""
-    for message in requests:
-        if isinstance(message, wire.WireError):
-            raise message
-        yield message
-
-
-def add_learner_service(service: LearnerService, server: grpc.Server) -> None:
-    """``add_LearnerServicer_to_server`` with Connect's deserializer swapped for :func:`_parse_actor_message`."""
-    name = pb.DESCRIPTOR.services_by_name["Learner"].full_name
-    handlers = {
-        "Connect": grpc.stream_stream_rpc_method_handler(
-            service.Connect, request_deserializer=_parse_actor_message,
-            response_serializer=pb.LearnerMessage.SerializeToString),
-        "GetStatus": grpc.unary_unary_rpc_method_handler(
-            service.GetStatus, request_deserializer=pb.StatusRequest.FromString,
-            response_serializer=pb.StatusResponse.SerializeToString),
-        "GetSpec": grpc.unary_unary_rpc_method_handler(
-            service.GetSpec, request_deserializer=pb.LearnerSpecRequest.FromString,
-            response_serializer=pb.LearnerSpec.SerializeToString),
-        "SetParameters": grpc.unary_unary_rpc_method_handler(
-            service.SetParameters, request_deserializer=pb.SetParametersRequest.FromString,
-            response_serializer=pb.SetParametersResponse.SerializeToString),
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
-    server.add_registered_method_handlers(name, handlers)
 
 
 @contextlib.contextmanager
@@ -350,13 +290,8 @@ def serve(learner: Learner, host: str, port: int, max_streams: int | None = None
     max_streams = learner.config.max_streams if max_streams is None else max_streams
     if max_streams < 1:
         raise ValueError(f"max_streams must be >= 1, got {max_streams}")
-    workers = max_streams + 8  # each stream holds a worker; the rest answer GetStatus and refusals
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
-                         options=grpc_options(learner.config.max_message_bytes),
-                         maximum_concurrent_rpcs=workers, interceptors=auth_interceptors(learner.config.security))
-    add_learner_service(LearnerService(learner, max_streams), server)
-    if health is not None:
-        health.add_to(server)
+    server = learner_server(LearnerService(learner, max_streams), max_streams, learner.config.max_message_bytes,
+                            learner.config.security, health)
     bound = add_port(server, f"{host}:{port}", learner.config.security)
     server.start()
     try:

@@ -23,33 +23,29 @@ from dataclasses import dataclass, field
 import grpc
 
 from actorlearner import wire
-from actorlearner.actor.link import FATAL_CODES
 from actorlearner.config import RelayConfig
-from actorlearner.learner.broadcast import PolicyBroadcast
-from actorlearner.learner.outbox import Outbox
 from actorlearner.metrics import Metric
+from actorlearner.streaming.broadcast import PolicyBroadcast
+from actorlearner.streaming.reconnect import Reconnecting, Refused, drain
+from actorlearner.streaming.served import ServedStream
 from actorlearner.telemetry import RateMeter
-from actorlearner.transport import Backoff, open_channel, reconnect_options
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
 
-class RelayError(RuntimeError):
+class RelayError(Refused):
     """The upstream refused this relay for good (credentials, protocol...)."""
 
 
-class Downstream(Outbox):
+class RelayServedStream(ServedStream):
     """One stream into the relay: an actor's, or a downstream relay's (the actors it carries are routed to it)."""
 
     def __init__(self, hello: pb.Hello):
-        super().__init__()
+        super().__init__(hello.actor_id, hello.relay)
         self.hello = hello
-        self.actor_id = hello.actor_id
-        self.relay = hello.relay
         self.welcomed = False  # a Welcome went out: policy versions follow it
-        self.sent_version = -1
         self.in_flight = 0  # batches forwarded upstream and not acked yet
 
 
@@ -57,7 +53,7 @@ class Downstream(Outbox):
 class Route:
     """An actor behind the relay: the stream it joined on and what its status shows."""
 
-    session: Downstream
+    stream: RelayServedStream
     via: str  # the downstream relay it comes through; empty if it is connected here itself
     policy_version: int
     last_seen: float = field(default_factory=time.time)
@@ -67,7 +63,7 @@ class Route:
     sizes: dict[int, int] = field(default_factory=dict)  # seq -> transitions, until acked
 
 
-class Relay:
+class Relay(Reconnecting):
     """Keeps the upstream stream alive and routes between it and the downstream streams.
 
     Start with :meth:`start`, stop with :meth:`close`. ``failed`` is set (``error`` says why)
@@ -75,34 +71,25 @@ class Relay:
     """
 
     def __init__(self, config: RelayConfig):
+        super().__init__(config.upstream, config.security, config.max_message_bytes, config.reconnect_initial,
+                         config.reconnect_max, "relay-upstream")
         self.config = config
         self.relay_id = config.relay_id or f"{socket.gethostname()}-relay-{os.getpid()}"
         self.broadcast = PolicyBroadcast(config.chunk_bytes)
-        self.lock = threading.Lock()  # routes, sessions and the upstream's state
+        self.lock = threading.Lock()  # routes, streams and the upstream's state
         self.routes: dict[str, Route] = {}
-        self.sessions: set[Downstream] = set()
+        self.streams: set[RelayServedStream] = set()
         self.up = False  # welcomed upstream and holding its policy: actors may join
         self.welcome: pb.Welcome | None = None  # the upstream's Welcome to this relay
         self.spec: pb.LearnerSpec | None = None
         self.error: RelayError | None = None
         self.failed = threading.Event()
-        self.connects = 0  # upstream streams welcomed
         self.acked = 0  # batches the learner acked to the relay's actors, duplicates included
         self._requests: queue.Queue | None = None
         self._awaited_version: int | None = None  # welcomed; up once this version is held
-        self._closing = threading.Event()
-        self._call = None
-        self._thread = threading.Thread(target=self._run, name="relay-upstream", daemon=True)
-
-    def start(self) -> Relay:
-        self._thread.start()
-        return self
 
     def close(self) -> None:
-        self._closing.set()
-        if self._call is not None:
-            self._call.cancel()
-        self._thread.join(timeout=5)
+        super().close()
         self._down("the relay is shutting down")
 
     @property
@@ -111,31 +98,31 @@ class Relay:
 
     # -- downstream ------------------------------------------------------------------------
 
-    def join(self, session: Downstream) -> bool:
+    def join(self, stream: RelayServedStream) -> bool:
         """Register a new downstream stream (an actor joins upstream); False while the upstream is down."""
         with self.lock:
             if not self.up:
                 return False
-            self.sessions.add(session)
-            if session.relay:
+            self.streams.add(stream)
+            if stream.relay:
                 welcome = pb.Welcome()
                 welcome.CopyFrom(self.welcome)
-                session.push(pb.LearnerMessage(welcome=welcome))
+                stream.push(pb.LearnerMessage(welcome=welcome))
             else:
-                self._join(session, session.actor_id, session.hello)
-        self.broadcast.listen(session.wake)
+                self._join(stream, stream.actor_id, stream.hello)
+        self.broadcast.listen(stream.wake)
         return True
 
-    def leave(self, session: Downstream) -> None:
+    def leave(self, stream: RelayServedStream) -> None:
         """A downstream stream ended: its actors leave upstream."""
-        self.broadcast.unlisten(session.wake)
+        self.broadcast.unlisten(stream.wake)
         with self.lock:
-            self.sessions.discard(session)
+            self.streams.discard(stream)
             for actor_id, route in list(self.routes.items()):
-                if route.session is session:
+                if route.stream is stream:
                     self._leave(actor_id)
 
-    def forward(self, session: Downstream, message: pb.ActorMessage) -> None:
+    def forward(self, stream: RelayServedStream, message: pb.ActorMessage) -> None:
         """Pass a downstream message up (WireError for one its stream may not send).
 
         Waits while the stream has as many batches in flight as its actors' windows allow:
@@ -143,34 +130,34 @@ class Relay:
         learner accepts ends this stream alone (RESOURCE_EXHAUSTED), as it would end the actor's own.
         """
         kind = message.WhichOneof("kind")
-        if not session.relay:
+        if not stream.relay:
             if message.actor_id:
                 raise wire.WireError("ActorMessage.actor_id is only for a relay's stream")
             if kind == "hello":
                 raise wire.WireError("Hello may only be the first message of a stream", "FAILED_PRECONDITION")
             if kind == "leave":
                 raise wire.WireError("Leave is only for a relay's stream")
-            message.actor_id = session.actor_id
+            message.actor_id = stream.actor_id
         self.check_size(message)
-        if session.relay and kind in ("hello", "leave"):
+        if stream.relay and kind in ("hello", "leave"):
             with self.lock:
                 route = self.routes.get(message.actor_id)
-                if kind == "hello" and session in self.sessions:
-                    self._join(session, message.actor_id, message.hello)
-                elif kind == "leave" and route is not None and route.session is session:
+                if kind == "hello" and stream in self.streams:
+                    self._join(stream, message.actor_id, message.hello)
+                elif kind == "leave" and route is not None and route.stream is stream:
                     self._leave(message.actor_id)
             return
         if kind not in ("batch", "episode_stats"):
             raise wire.WireError("empty ActorMessage")
         if kind == "batch":
-            limit = self.max_unacked * (self.config.max_streams if session.relay else 1)
-            with session.cond:
-                while session.in_flight >= limit and not session.closed:
-                    session.cond.wait(0.5)
-                session.in_flight += 1
+            limit = self.max_unacked * (self.config.max_streams if stream.relay else 1)
+            with stream.cond:
+                while stream.in_flight >= limit and not stream.closed:
+                    stream.cond.wait(0.5)
+                stream.in_flight += 1
         with self.lock:
             route = self.routes.get(message.actor_id)
-            dropped = route is None or route.session is not session or self._requests is None
+            dropped = route is None or route.stream is not stream or self._requests is None
             if not dropped:
                 route.last_seen = time.time()
                 if kind == "batch":
@@ -181,8 +168,8 @@ class Relay:
                 route.policy_version = max(route.policy_version, min(version, self.broadcast.version))
                 self._requests.put(message)
         if dropped and kind == "batch":  # the actor left or moved, or the upstream is down: it resends
-            with session.cond:
-                session.in_flight -= 1
+            with stream.cond:
+                stream.in_flight -= 1
 
     def check_size(self, message: pb.ActorMessage) -> None:
         """WireError (RESOURCE_EXHAUSTED) for a message the learner would refuse as too large: it
@@ -192,13 +179,13 @@ class Relay:
             raise wire.WireError(f"a {size}-byte message is over the learner's max_message_bytes ({limit})",
                                  "RESOURCE_EXHAUSTED")
 
-    def _join(self, session: Downstream, actor_id: str, hello: pb.Hello) -> None:
-        """Under lock: route ``actor_id`` to ``session`` and forward its Hello (a direct actor's
+    def _join(self, stream: RelayServedStream, actor_id: str, hello: pb.Hello) -> None:
+        """Under lock: route ``actor_id`` to ``stream`` and forward its Hello (a direct actor's
         earlier stream here, if any, is ended: its acks now go to the new one)."""
         previous = self.routes.get(actor_id)
-        if previous is not None and previous.session is not session and not previous.session.relay:
-            previous.session.fail(grpc.StatusCode.UNAVAILABLE, f"actor {actor_id} connected to this relay again")
-        self.routes[actor_id] = Route(session, session.actor_id if session.relay else "", hello.policy_version)
+        if previous is not None and previous.stream is not stream and not previous.stream.relay:
+            previous.stream.fail(grpc.StatusCode.UNAVAILABLE, f"actor {actor_id} connected to this relay again")
+        self.routes[actor_id] = Route(stream, stream.actor_id if stream.relay else "", hello.policy_version)
         self._requests.put(pb.ActorMessage(actor_id=actor_id, hello=hello))
 
     def _leave(self, actor_id: str) -> None:
@@ -224,47 +211,34 @@ class Relay:
                 else:
                     route.batches.add()
                     route.transitions += n
-        session = route.session
+        stream = route.stream
         if kind == "ack":
-            with session.cond:
-                session.in_flight = max(0, session.in_flight - 1)
-                session.cond.notify_all()
-        if not session.relay:
+            with stream.cond:
+                stream.in_flight = max(0, stream.in_flight - 1)
+                stream.cond.notify_all()
+        if not stream.relay:
             if kind == "refusal":
                 code = getattr(grpc.StatusCode, message.refusal.code, grpc.StatusCode.UNKNOWN)
-                session.fail(code, message.refusal.reason)
+                stream.fail(code, message.refusal.reason)
                 return
             message.ClearField("actor_id")
-        session.push(message)
+        stream.push(message)
 
     # -- upstream --------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        """Connect upstream, serve the stream until it breaks, back off with jitter, repeat."""
-        backoff = Backoff(self.config.reconnect_initial, self.config.reconnect_max)
-        options = reconnect_options(self.config.max_message_bytes)
-        while not self._closing.is_set():
-            reason = "the stream ended"
-            with open_channel(self.config.upstream, self.config.security, options) as channel:
-                try:
-                    if self._serve_upstream(channel):
-                        backoff.reset()
-                except grpc.RpcError as exc:
-                    if exc.code() in FATAL_CODES:
-                        self.error = RelayError(f"upstream {self.config.upstream} refused relay {self.relay_id}: "
-                                                f"{exc.code().name}: {exc.details()}")
-                        self.failed.set()
-                        self._down(str(self.error))
-                        return
-                    reason = exc.code().name
-                except wire.WireError as exc:
-                    reason = f"bad policy update: {exc}"
-            self._down(reason)
-            if backoff.wait(self._closing):
-                return
+    def _stream_ended(self, reason: str) -> None:
+        self._down(reason)
 
-    def _serve_upstream(self, channel: grpc.Channel) -> bool:
-        """One upstream stream, until it ends; True if it was welcomed."""
+    def _refusal(self, exc: grpc.RpcError) -> RelayError:
+        return RelayError(f"upstream {self.address} refused relay {self.relay_id}: {exc.code().name}: {exc.details()}")
+
+    def _refused(self, error: RelayError) -> None:
+        self.error = error
+        self.failed.set()
+        self._down(str(error))
+
+    def _serve_stream(self, channel: grpc.Channel) -> None:
+        """One upstream stream, until it ends."""
         stub = pb_grpc.LearnerStub(channel)
         spec = stub.GetSpec(pb.LearnerSpecRequest(), timeout=10)
         requests: queue.Queue = queue.Queue()
@@ -272,7 +246,7 @@ class Relay:
             actor_id=self.relay_id, relay=True, protocol_version=wire.PROTOCOL_VERSION, env_spec=spec.env_spec,
             policy_version=-1)))
         assembler = wire.ChunkAssembler(self.config.max_message_bytes * 64)
-        self._call = call = stub.Connect(_drain(requests))
+        self._call = call = stub.Connect(drain(requests))
         welcomed = False
         try:
             for message in call:
@@ -297,7 +271,6 @@ class Relay:
                     break
         finally:
             call.cancel()
-        return welcomed
 
     def _publish(self, version: int, payload: bytes) -> None:
         """Keep ``version`` as the relay's copy; the relay is up once it holds its Welcome's version."""
@@ -315,13 +288,13 @@ class Relay:
             if self._requests is not None:
                 self._requests.put(None)
                 self._requests = None
-            sessions, self.sessions = list(self.sessions), set()
+            streams, self.streams = list(self.streams), set()
             self.routes.clear()
         if was_up:
             logger.warning("relay %s lost its upstream %s (%s); ending %d streams", self.relay_id,
-                           self.config.upstream, reason, len(sessions))
-        for session in sessions:
-            session.fail(grpc.StatusCode.UNAVAILABLE, f"relay {self.relay_id} lost its upstream: {reason}")
+                           self.config.upstream, reason, len(streams))
+        for stream in streams:
+            stream.fail(grpc.StatusCode.UNAVAILABLE, f"relay {self.relay_id} lost its upstream: {reason}")
 
     # -- status ----------------------------------------------------------------------------
 
@@ -330,7 +303,7 @@ class Relay:
         version = self.broadcast.version
         with self.lock:
             routes = list(self.routes.items())
-            relays = [s for s in self.sessions if s.relay]
+            relays = [s for s in self.streams if s.relay]
             learner_id = self.welcome.learner_id if self.welcome else ""
         actors = [pb.ActorStatus(actor_id=actor_id, policy_version=r.policy_version,
                                  lag=max(0, version - r.policy_version), batches_per_second=r.batches.rate(),
@@ -357,8 +330,3 @@ class Relay:
             Metric("actor_lag", "Relay version minus the version each actor reported running.", lags),
         ]
 
-
-def _drain(requests: queue.Queue):
-    """The request side of the upstream stream: messages until a None arrives."""
-    while (message := requests.get()) is not None:
-        yield message

@@ -5,17 +5,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from concurrent import futures
 
 import grpc
 
 from actorlearner import wire
 from actorlearner.config import RelayConfig
 from actorlearner.health import Health
-from actorlearner.learner.onnx_feed import FORMAT as ONNX_FORMAT
-from actorlearner.learner.server import add_learner_service
-from actorlearner.relay.relay import Downstream, Relay
-from actorlearner.transport import add_port, auth_interceptors, grpc_options, open_channel
+from actorlearner.relay.relay import Relay, RelayServedStream
+from actorlearner.streaming.broadcast import ONNX_FORMAT
+from actorlearner.streaming.service import StreamCap, learner_server, parsed, read_hello
+from actorlearner.transport import add_port, grpc_options, open_channel
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
@@ -27,34 +26,16 @@ class RelayService(pb_grpc.LearnerServicer):
 
     def __init__(self, relay: Relay):
         self.relay = relay
-        self.max_streams = relay.config.max_streams
-        self._streams = threading.BoundedSemaphore(self.max_streams)
+        self._cap = StreamCap(relay.config.max_streams, "the relay")
 
     def Connect(self, request_iterator, context):
-        if not self._streams.acquire(blocking=False):
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"the relay is at its cap of {self.max_streams} concurrent streams (max_streams)")
-        try:
-            yield from self._session(request_iterator, context)
-        finally:
-            self._streams.release()
+        with self._cap.slot(context):
+            yield from self._serve(parsed(request_iterator), context)
 
-    def _session(self, request_iterator, context):
-        timer = threading.Timer(self.relay.config.hello_timeout, context.cancel)
-        timer.start()
-        try:
-            first = next(request_iterator, None)
-        except grpc.RpcError:
-            first = None
-        finally:
-            timer.cancel()
-        if first is None:
+    def _serve(self, request_iterator, context):
+        hello = read_hello(request_iterator, context, self.relay.config.hello_timeout)
+        if hello is None:
             return
-        if isinstance(first, wire.WireError):
-            context.abort(first.status_code, str(first))
-        if first.WhichOneof("kind") != "hello":
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the first message of a stream must be Hello")
-        hello = first.hello
         if not hello.actor_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Hello.actor_id must not be empty")
         if hello.policy_format == ONNX_FORMAT:
@@ -64,65 +45,63 @@ class RelayService(pb_grpc.LearnerServicer):
             self.relay.check_size(pb.ActorMessage(actor_id=hello.actor_id, hello=hello))
         except wire.WireError as exc:
             context.abort(exc.status_code, str(exc))
-        session = Downstream(hello)
-        context.add_callback(session.close)
-        if not self.relay.join(session):
+        stream = RelayServedStream(hello)
+        context.add_callback(stream.close)
+        if not self.relay.join(stream):
             context.abort(grpc.StatusCode.UNAVAILABLE, f"relay {self.relay.relay_id} is not connected upstream yet")
-        logger.info("%s %s connected", "relay" if session.relay else "actor", session.actor_id)
-        threading.Thread(target=self._read, args=(request_iterator, session), daemon=True,
-                         name=f"relay-read-{session.actor_id}").start()
+        logger.info("%s %s connected", "relay" if stream.relay else "actor", stream.actor_id)
+        threading.Thread(target=self._read, args=(request_iterator, stream), daemon=True,
+                         name=f"relay-read-{stream.actor_id}").start()
         try:
-            yield from self._send(session)
+            yield from self._send(stream)
         finally:
-            session.close()
-            self.relay.leave(session)
-            logger.info("%s %s disconnected", "relay" if session.relay else "actor", session.actor_id)
-        if session.error:
-            context.abort(*session.error)
+            stream.close()
+            self.relay.leave(stream)
+            logger.info("%s %s disconnected", "relay" if stream.relay else "actor", stream.actor_id)
+        if stream.error:
+            context.abort(*stream.error)
 
-    def _read(self, request_iterator, session: Downstream) -> None:
+    def _read(self, request_iterator, stream: RelayServedStream) -> None:
         """Forward the stream's messages upstream until it ends or sends one it may not."""
         try:
             for message in request_iterator:
-                if isinstance(message, wire.WireError):
-                    raise message
-                self.relay.forward(session, message)
+                self.relay.forward(stream, message)
         except wire.WireError as exc:
-            logger.warning("%s sent bad input: %s", session.actor_id, exc)
-            session.fail(exc.status_code, str(exc))
+            logger.warning("%s sent bad input: %s", stream.actor_id, exc)
+            stream.fail(exc.status_code, str(exc))
         except grpc.RpcError:
-            session.close()
+            stream.close()
 
-    def _send(self, session: Downstream):
+    def _send(self, stream: RelayServedStream):
         """Yield what is routed to the stream and, once it is welcomed, the relay's newest policy
         version. A Welcome for the stream itself names the version that follows it (the first one)
         or was sent last (later ones, settings changes)."""
         broadcast = self.relay.broadcast
         while True:
-            with session.cond:
-                while not (session.outbox or session.closed
-                           or (session.welcomed and broadcast.version > session.sent_version)):
-                    session.cond.wait(0.5)
-                outbox = list(session.outbox)
-                session.outbox.clear()
+            with stream.cond:
+                while not (stream.outbox or stream.closed
+                           or (stream.welcomed and broadcast.version > stream.sent_version)):
+                    stream.cond.wait(0.5)
+                outbox = list(stream.outbox)
+                stream.outbox.clear()
             for message in outbox:
                 if message.WhichOneof("kind") != "welcome" or message.actor_id:
                     yield message
-                elif session.welcomed:
-                    message.welcome.policy_version = session.sent_version
+                elif stream.welcomed:
+                    message.welcome.policy_version = stream.sent_version
                     yield message
                 else:
                     version, policy = broadcast.latest()
                     message.welcome.policy_version = version
                     yield message
-                    if session.hello.policy_version != version:
+                    if stream.hello.policy_version != version:
                         yield from policy
-                    session.sent_version, session.welcomed = version, True
-            if session.closed:
+                    stream.sent_version, stream.welcomed = version, True
+            if stream.closed:
                 return
             version, policy = broadcast.latest()
-            if session.welcomed and version > session.sent_version:
-                session.sent_version = version
+            if stream.welcomed and version > stream.sent_version:
+                stream.sent_version = version
                 yield from policy
 
     def GetStatus(self, request, context):
@@ -148,13 +127,7 @@ class RelayService(pb_grpc.LearnerServicer):
 def serve(config: RelayConfig, health: Health | None = None):
     """Run a relay: its upstream stream and its Learner service; yields the relay and the bound port."""
     relay = Relay(config).start()
-    workers = config.max_streams + 8  # each stream holds a worker; the rest answer GetStatus and refusals
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
-                         options=grpc_options(config.max_message_bytes), maximum_concurrent_rpcs=workers,
-                         interceptors=auth_interceptors(config.security))
-    add_learner_service(RelayService(relay), server)
-    if health is not None:
-        health.add_to(server)
+    server = learner_server(RelayService(relay), config.max_streams, config.max_message_bytes, config.security, health)
     try:
         bound = add_port(server, f"{config.host}:{config.port}", config.security)
         server.start()

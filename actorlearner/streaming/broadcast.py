@@ -10,6 +10,9 @@ import torch
 from actorlearner import wire
 from actorlearner.v1 import learner_pb2 as pb
 
+ONNX_FORMAT = "onnx"
+"""``Hello.policy_format`` of an actor that runs the policy as ONNX: its stream follows the ONNX broadcast."""
+
 
 def policy_update_messages(version: int, payload: bytes, chunk_bytes: int, opponent: str = "") -> list[pb.LearnerMessage]:
     """A serialized policy as its chunked PolicyUpdate messages (``opponent``: a league snapshot's id)."""

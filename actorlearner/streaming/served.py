@@ -1,4 +1,4 @@
-"""The learner side of one Connect stream as its sender sees it: queued messages, and how it ended."""
+"""One Connect stream as the server answering it sees it: who opened it, what waits to go out, how it ended."""
 
 from __future__ import annotations
 
@@ -10,13 +10,17 @@ import grpc
 from actorlearner.v1 import learner_pb2 as pb
 
 
-class Outbox:
-    """Messages waiting for a stream's sender (which waits on ``cond``), and the status it ends with.
+class ServedStream:
+    """Messages waiting for a stream's sender (which waits on ``cond``), the last policy version
+    sent, and the status the stream ends with. The learner and the relay serve their streams on it.
 
-    The learner's sessions and the relay's downstream streams both build on it.
+    ``actor_id`` is the Hello's; ``relay`` says the stream is a relay's, carrying many actors.
     """
 
-    def __init__(self):
+    def __init__(self, actor_id: str, relay: bool):
+        self.actor_id = actor_id
+        self.relay = relay
+        self.sent_version = -1
         self.cond = threading.Condition()
         self.outbox: deque[pb.LearnerMessage] = deque()
         self.closed = False
