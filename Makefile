@@ -23,8 +23,10 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed
 	$(BIN)/python -m actorlearner run --env CartPole-v1 --actors 2 --target-return 475 --max-seconds 600 --seed $(SEED)
 
+# Two pytest-xdist workers, each module whole on one; tests/test_learning.py (every learning test) goes
+# first (tests/conftest.py). A plain `pytest tests/test_x.py` runs in one process as before.
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/bench_replay.py

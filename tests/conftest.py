@@ -1,4 +1,5 @@
-"""Shared fixtures: every device-aware test runs on CPU and, when there is one, on CUDA."""
+"""Shared fixtures: every device-aware test runs on CPU and, when there is one, on CUDA; and the order
+in which `make test` hands modules to its two pytest-xdist workers."""
 
 import pytest
 import torch
@@ -40,3 +41,9 @@ def make_tree(replay_path):
             return CpuSumTree(capacity, branching)  # no flat top level: max_top is the torch tree's
         return SumTree(capacity, branching, replay_path["device"], max_top=max_top)
     return make
+
+
+def pytest_collection_modifyitems(config, items):
+    """`make test` gives each module whole to one of two pytest-xdist workers (``--dist loadfile``). The
+    learning tests race the clock, so they share one module, run in turn; it goes first, being longest."""
+    items.sort(key=lambda item: item.get_closest_marker("learning") is None)

@@ -1,13 +1,24 @@
-"""Learning evidence in the default suite: ``actorlearner run``, seeded, as a user runs it, reaches its target."""
+"""Learning evidence in the default suite, every learning test in this one module (`make test` runs
+them in turn on one worker): ``actorlearner run``, seeded, as a user runs it, reaches its target, and
+so do data-parallel learners and self-play in real processes."""
 
 import json
+import logging
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
+
+from actorlearner.league import SELF
+from actorlearner.v1 import learner_pb2 as pb
 from custom_envs import GOAL_IMAGE_OPTIMAL_RETURN, GOAL_IMAGE_RANDOM_RETURN
-from procs import CHILD_ENV
+from procs import CHILD_ENV, free_port, start_actor, start_learner, status, stop, wait_until
+from test_data_parallel import listening_port, start_rank
+from test_selfplay import HEURISTIC, RANDOM, TICTACTOE
+
+logger = logging.getLogger(__name__)
 
 # `make run` solves CartPole in about 42 s on a quiet machine; the suite runs on two busy cores.
 MAX_SECONDS = 240
@@ -18,7 +29,7 @@ def run_until(target: float, *args: str) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
         done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--actors", "2", "--seed", "0",
                                "--target-return", str(target), "--max-seconds", str(MAX_SECONDS), "--run-dir", run_dir,
-                               *args], capture_output=True, text=True, timeout=MAX_SECONDS + 120, env=CHILD_ENV)
+                               "--no-plot", *args], capture_output=True, text=True, timeout=MAX_SECONDS + 120, env=CHILD_ENV)
     lines = done.stdout.strip().splitlines()
     assert lines, f"run printed no result (exit {done.returncode}):\n{done.stderr[-3000:]}"
     result = json.loads(lines[-1])
@@ -27,15 +38,16 @@ def run_until(target: float, *args: str) -> dict:
     return result
 
 
+def test_every_learning_test_is_in_this_module(request):
+    """`make test` runs this module's tests in turn on one worker, beside the other worker's modules."""
+    strays = [item.nodeid for item in request.session.items
+              if item.get_closest_marker("learning") and item.path.name != "test_learning.py"]
+    assert not strays
+
+
 @pytest.mark.learning
 def test_run_solves_cartpole_with_two_actor_processes():
     run_until(475, "--env", "CartPole-v1")
-
-
-@pytest.mark.learning
-def test_run_solves_frozen_lake_from_its_discrete_observation():
-    """Discrete(16) observations, one-hot inside the network; not slippery, so 1.0 is reachable."""
-    run_until(1.0, "--env", "custom_envs:frozen_lake")
 
 
 @pytest.mark.learning
@@ -45,12 +57,6 @@ def test_run_learns_a_dict_observation_with_an_image_and_multidiscrete_actions()
     target = 0.8
     assert GOAL_IMAGE_RANDOM_RETURN < target / 4 and target < GOAL_IMAGE_OPTIMAL_RETURN
     run_until(target, "--env", "custom_envs:goal_image")
-
-
-@pytest.mark.learning
-def test_a_plugin_algorithm_from_a_test_module_trains_through_real_processes():
-    """Tabular Q-learning defined in tests/plugin_algorithm.py, with its own option (--tabq-lr)."""
-    run_until(1.0, "--env", "custom_envs:frozen_lake", "--algorithm", "plugin_algorithm:TabularQ", "--tabq-lr", "0.5")
 
 
 @pytest.mark.learning
@@ -79,8 +85,97 @@ def test_feed_forward_dqn_stays_near_zero_on_the_memory_task():
     with tempfile.TemporaryDirectory() as run_dir:
         done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--actors", "2", "--seed", "0",
                                "--env", "custom_envs:memory_cue", "--target-return", "0.9", "--max-seconds", "40",
-                               "--eval-episodes", "200", "--run-dir", run_dir],
+                               "--eval-episodes", "200", "--run-dir", run_dir, "--no-plot"],
                               capture_output=True, text=True, timeout=300, env=CHILD_ENV)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["solved"] is False and abs(result["eval_return"]) <= 0.3, result
     assert result["updates"] > 500  # it trained, and still cannot tell the cue
+
+
+@pytest.mark.learning
+def test_two_data_parallel_learners_with_two_actors_each_solve_cartpole():
+    """Rank 0 evaluates; each rank's updates per second are logged (compare a single learner's in the tests above)."""
+    budget = 600
+    address = f"127.0.0.1:{free_port()}"
+    learners = [start_rank(0, address, "--eval-every", "10"), start_rank(1, address, "--eval-every", "0")]
+    actors = []
+    try:
+        ports = [listening_port(proc) for proc in learners]
+        actors = [start_actor(port, f"rank{rank}-actor{i}", "--num-envs", "4", "--seed", str(10 * rank + i))
+                  for rank, port in enumerate(ports) for i in range(2)]
+        start = time.monotonic()
+
+        def solved():
+            answer = status(ports[0])
+            return answer if answer.evaluations and answer.eval_mean_return >= 475 else None
+        final = wait_until(solved, budget, "rank 0's evaluation to reach 475", interval=2.0)
+        elapsed = time.monotonic() - start
+        answers = [final, status(ports[1])]
+        rates = [answer.updates / elapsed for answer in answers]
+        logger.warning("data-parallel CartPole solved in %.0f s: updates/s per rank %s, env steps %s, versions %s",
+                       elapsed, [round(r, 1) for r in rates], [a.env_steps for a in answers],
+                       [a.policy_version for a in answers])
+        assert abs(answers[0].updates - answers[1].updates) <= 1  # lockstep (read a moment apart)
+    finally:
+        stop(*actors)
+        codes = stop(*learners)
+    assert codes == [0, 0]
+
+
+SELF_PLAY_DEADLINE = 300  # seconds; on a quiet machine both bars are met in about 60-90 s
+
+
+def win_or_draw(record: pb.EvalRecord) -> float:
+    return (record.wins + record.draws) / max(record.wins + record.draws + record.losses, 1)
+
+
+@pytest.mark.learning
+def test_self_play_learns_tic_tac_toe_that_beats_random_play_and_holds_the_heuristic(tmp_path):
+    """DQN against itself and its own snapshots only (neither scripted player is ever trained
+    against): one evaluation of 100 games against each, seats alternated, must lose at most 5% to
+    random play and 20% to the heuristic. Its checkpoint then plays through `actorlearner eval` and
+    exports (masked actions and all) through `actorlearner export`."""
+    learner, port = start_learner(
+        "--env", TICTACTOE, "--seed", "0", "--num-actors", "2", "--min-replay-size", "1000", "--eval-every", "8",
+        "--checkpoint-dir", str(tmp_path / "ckpt"),
+        "--league-eval-scripted", f"{RANDOM},{HEURISTIC}", "--league-eval-games", "100",
+        "--league-eval-snapshots", "1", "--league-max-snapshots", "8", "--league-opponent-exploration", "0.2")
+    actors = [start_actor(port, f"player-{i}", "--env", TICTACTOE, "--num-envs", "4", "--seed", str(i))
+              for i in range(2)]
+    try:
+        def passed():
+            league = status(port).league
+            rates = {r.opponent: win_or_draw(r) for r in league.evaluation}
+            return (league, rates) if rates.get(RANDOM, 0) >= 0.95 and rates.get(HEURISTIC, 0) >= 0.80 else None
+        league, rates = wait_until(passed, SELF_PLAY_DEADLINE, "an evaluation with >= 95% win-or-draw against random "
+                                                               "play and >= 80% against the heuristic", interval=1.0)
+        assert 1 <= league.snapshots <= league.max_snapshots == 8
+        assert league.games > 1000 and league.rating > 0
+        assert {o.opponent.id for o in league.opponents if o.opponent.version < 0} == {SELF}, "no scripted training"
+    finally:
+        codes = stop(*actors, learner)
+    assert codes == [0, 0, 0]
+    played = subprocess.run([sys.executable, "-m", "actorlearner", "eval", "--checkpoint", str(tmp_path / "ckpt"),
+                             "--opponents", f"{RANDOM},{HEURISTIC}", "--episodes", "40", "--json"],
+                            capture_output=True, text=True, timeout=300, env=CHILD_ENV)
+    assert played.returncode == 0, played.stderr[-2000:]
+    records = json.loads(played.stdout)["opponents"]
+    assert [sum(records[name][k] for k in ("wins", "draws", "losses")) for name in (RANDOM, HEURISTIC)] == [40, 40]
+    exported = subprocess.run([sys.executable, "-m", "actorlearner", "export", "--checkpoint", str(tmp_path / "ckpt"),
+                               "--out", str(tmp_path / "ttt.onnx"), "--json"],
+                              capture_output=True, text=True, timeout=300, env=CHILD_ENV)
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    assert json.loads(exported.stdout)["verified"]
+
+
+# The two quickest last: the worker that runs this module takes its next module with two tests to go.
+@pytest.mark.learning
+def test_run_solves_frozen_lake_from_its_discrete_observation():
+    """Discrete(16) observations, one-hot inside the network; not slippery, so 1.0 is reachable."""
+    run_until(1.0, "--env", "custom_envs:frozen_lake")
+
+
+@pytest.mark.learning
+def test_a_plugin_algorithm_from_a_test_module_trains_through_real_processes():
+    """Tabular Q-learning defined in tests/plugin_algorithm.py, with its own option (--tabq-lr)."""
+    run_until(1.0, "--env", "custom_envs:frozen_lake", "--algorithm", "plugin_algorithm:TabularQ", "--tabq-lr", "0.5")

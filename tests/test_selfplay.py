@@ -3,7 +3,6 @@ learner sessions and batches that carry games (exactly once, checkpoints, hostil
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import urllib.request
@@ -356,55 +355,6 @@ def test_a_resumed_learner_has_the_league_ratings_records_and_snapshots_it_saved
         assert resumed.league.sample_snapshots(3) == snapshots
     finally:
         resumed.stop()
-
-
-# -- learning ---------------------------------------------------------------------------------
-
-SELF_PLAY_DEADLINE = 300  # seconds; on a quiet machine both bars are met in about 60-90 s
-
-
-def win_or_draw(record: pb.EvalRecord) -> float:
-    return (record.wins + record.draws) / max(record.wins + record.draws + record.losses, 1)
-
-
-@pytest.mark.learning
-def test_self_play_learns_tic_tac_toe_that_beats_random_play_and_holds_the_heuristic(tmp_path):
-    """DQN against itself and its own snapshots only (neither scripted player is ever trained
-    against): one evaluation of 100 games against each, seats alternated, must lose at most 5% to
-    random play and 20% to the heuristic. Its checkpoint then plays through `actorlearner eval` and
-    exports (masked actions and all) through `actorlearner export`."""
-    from procs import CHILD_ENV, start_actor, start_learner, status, stop
-    learner, port = start_learner(
-        "--env", TICTACTOE, "--seed", "0", "--num-actors", "2", "--min-replay-size", "1000", "--eval-every", "8",
-        "--checkpoint-dir", str(tmp_path / "ckpt"),
-        "--league-eval-scripted", f"{RANDOM},{HEURISTIC}", "--league-eval-games", "100",
-        "--league-eval-snapshots", "1", "--league-max-snapshots", "8", "--league-opponent-exploration", "0.2")
-    actors = [start_actor(port, f"player-{i}", "--env", TICTACTOE, "--num-envs", "4", "--seed", str(i))
-              for i in range(2)]
-    try:
-        def passed():
-            league = status(port).league
-            rates = {r.opponent: win_or_draw(r) for r in league.evaluation}
-            return (league, rates) if rates.get(RANDOM, 0) >= 0.95 and rates.get(HEURISTIC, 0) >= 0.80 else None
-        league, rates = wait_until(passed, SELF_PLAY_DEADLINE, "an evaluation with >= 95% win-or-draw against random "
-                                                               "play and >= 80% against the heuristic", interval=1.0)
-        assert 1 <= league.snapshots <= league.max_snapshots == 8
-        assert league.games > 1000 and league.rating > 0
-        assert {o.opponent.id for o in league.opponents if o.opponent.version < 0} == {SELF}, "no scripted training"
-    finally:
-        codes = stop(*actors, learner)
-    assert codes == [0, 0, 0]
-    played = subprocess.run([sys.executable, "-m", "actorlearner", "eval", "--checkpoint", str(tmp_path / "ckpt"),
-                             "--opponents", f"{RANDOM},{HEURISTIC}", "--episodes", "40", "--json"],
-                            capture_output=True, text=True, timeout=300, env=CHILD_ENV)
-    assert played.returncode == 0, played.stderr[-2000:]
-    records = json.loads(played.stdout)["opponents"]
-    assert [sum(records[name][k] for k in ("wins", "draws", "losses")) for name in (RANDOM, HEURISTIC)] == [40, 40]
-    exported = subprocess.run([sys.executable, "-m", "actorlearner", "export", "--checkpoint", str(tmp_path / "ckpt"),
-                               "--out", str(tmp_path / "ttt.onnx"), "--json"],
-                              capture_output=True, text=True, timeout=300, env=CHILD_ENV)
-    assert exported.returncode == 0, exported.stderr[-2000:]
-    assert json.loads(exported.stdout)["verified"]
 
 
 def test_r2d2_plays_self_play_on_a_game_served_by_env_server_in_real_processes(tmp_path):
