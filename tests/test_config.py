@@ -2,6 +2,7 @@
 the README's tables and code map stay generated from the code."""
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -199,3 +200,25 @@ def test_the_code_map_names_every_module_with_its_docstring():
     undocumented = [str(p.relative_to(package)) for p in modules if summary(p) == UNDOCUMENTED]
     assert undocumented == [], f"modules without a docstring: {undocumented}"
     assert summary(package / "docs.py").startswith("Regenerate the README's generated parts")
+
+
+def test_every_command_takes_its_options_from_a_config_dataclass_and_a_bad_value_is_one_usage_error(capsys):
+    from actorlearner.cli import COMMANDS, main
+
+    assert all(dataclasses.is_dataclass(config_class) and config_class.__doc__ for config_class, _, _ in
+               COMMANDS.values())
+    for argv, reason in [(["eval"], "a checkpoint is required"), (["export", "--checkpoint", "run"], "--out"),
+                         (["eval", "--checkpoint", "run", "--episodes", "0"], "need --episodes"),
+                         (["set", "lr"], "'lr' is not NAME=VALUE"), (["status", "--timeout", "soon"], "--timeout")]:
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+        assert exited.value.code == 2 and len(errors) == 1 and reason in errors[0], (argv, errors)
+
+
+def test_a_bare_bool_flag_means_true():
+    parser = argparse.ArgumentParser()
+    cfg.add_arguments(parser, cfg.StatusConfig)
+    assert cfg.build(cfg.StatusConfig, parser.parse_args(["--json"]), {}).json is True
+    assert cfg.build(cfg.StatusConfig, parser.parse_args(["--json", "no"]), {}).json is False
+    assert cfg.build(cfg.StatusConfig, parser.parse_args(["--no-json"]), {"ACTORLEARNER_JSON": "1"}).json is False
