@@ -2,7 +2,7 @@
 
 ONNX because onnxruntime runs it from C++, C#, Java, Node and Python without torch or
 actorlearner, which is what an actor in another language needs (TorchScript is deprecated).
-The algorithm builds the module (its optional ``export_policy``, see `Algorithm`); the graph
+The policy builds the module (its ``export_policy``, see `Policy`); the graph
 takes raw env values (all preprocessing is inside the network) with a dynamic batch
 dimension. The sidecar ``FILE.json`` names the inputs and outputs and holds both spaces as
 env.proto ``Space`` messages in protobuf JSON, so every language reads one schema.
@@ -55,11 +55,11 @@ def export_onnx(trained: TrainedPolicy, out: str | os.PathLike[str]) -> dict[str
 
     When onnxruntime is importable the written file is run on sampled observations and
     compared with ``act(obs, 0.0)`` of a copy of the policy (its memory and random state stay
-    as they were); the sidecar's ``verified`` says how, or is null. ExportError for an algorithm
-    without ``export_policy``, or for a file that acts otherwise (it is removed).
+    as they were); the sidecar's ``verified`` says how, or is null. ExportError for a policy that
+    cannot export (no ``export_policy``), or for a file that acts otherwise (it is removed).
     """
     policy = trained.policy
-    if not hasattr(policy, "export_policy"):
+    if not policy.can_export:
         raise ExportError(f"algorithm {trained.algorithm} has no export_policy; see docs/write-your-own-algorithm.md")
     observation_space, action_space = trained.observation_space, trained.action_space
     module = policy.export_policy()
@@ -78,7 +78,7 @@ def export_onnx(trained: TrainedPolicy, out: str | os.PathLike[str]) -> dict[str
     sidecar = {
         "format": "onnx", "opset": program.model.opset_imports[""], "file": out.name,
         "env": trained.env, "algorithm": trained.algorithm, "checkpoint": str(trained.source),
-        "updates": getattr(policy, "num_updates", None),
+        "updates": trained.updates,
         "inputs": inputs, "outputs": outputs,
         "observation_space": MessageToDict(space_to_proto(observation_space)),
         "action_space": MessageToDict(space_to_proto(action_space)),
@@ -163,15 +163,14 @@ def _verify(path: Path, trained: TrainedPolicy, observation_space: gym.Space, ac
         return None
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     original = trained.policy  # a twin with the same weights and fresh memory and random state
-    policy = type(original)(observation_space, action_space, original.config, device="cpu", seed=trained.seed)
+    policy = original.spec.make_policy(device="cpu", seed=trained.seed)
     policy.load_policy_state_dict(original.policy_state_dict())
     space = batch_space(observation_space, VERIFY_ENVS)
     space.seed(trained.seed)
     states = {name: np.zeros((VERIFY_ENVS, size), np.float32) for name, size in state_sizes.items()}
     for step in range(VERIFY_STEPS):
         restart = np.arange(VERIFY_ENVS) % VERIFY_STEPS == step if step else np.ones(VERIFY_ENVS, bool)
-        if hasattr(policy, "reset_memory"):
-            policy.reset_memory(restart)
+        policy.reset_memory(restart)
         for value in states.values():
             value[restart] = 0.0
         obs = space.sample()

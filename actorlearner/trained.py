@@ -12,19 +12,19 @@ from pathlib import Path
 
 import gymnasium as gym
 
-from actorlearner.algorithms import make_config, resolve
-from actorlearner.algorithms.base import Algorithm
+from actorlearner.algorithms import Policy, make_config, resolve
 from actorlearner.envs import make_env
 from actorlearner.envs.multiagent import is_multi_agent, seat_spaces
-from actorlearner.learner.checkpoint import CheckpointError, read_checkpoint
-from actorlearner.learner.evaluator import EvalResult, episode_shares, evaluate
+from actorlearner.checkpoint.parts import CheckpointError
+from actorlearner.checkpoint.store import read_checkpoint
+from actorlearner.evaluation import EvalResult, episode_shares, evaluate
 
 
 @dataclass(frozen=True)
 class TrainedPolicy:
     """A checkpoint's policy on the CPU, and what it was trained on."""
 
-    policy: Algorithm
+    policy: Policy
     env: str
     algorithm: str
     seed: int
@@ -35,6 +35,8 @@ class TrainedPolicy:
     """The spaces it acts in: the env's, or every seat's of a game."""
     game: bool
     """Trained by self-play on an env with several agents."""
+    updates: int | None
+    """The trainer's update count in the checkpoint (its ``num_updates``), if it keeps one."""
 
 
 def load_trained(path: str | os.PathLike[str], env: str = "") -> TrainedPolicy:
@@ -61,9 +63,14 @@ def load_trained(path: str | os.PathLike[str], env: str = "") -> TrainedPolicy:
         spaces, game = seat_spaces(probe), is_multi_agent(probe)
     finally:
         probe.close()
-    policy = cls(*spaces, config, device="cpu", seed=int(run["seed"]))
-    policy.load_state_dict(parts["algorithm"])
-    return TrainedPolicy(policy, env, run["algorithm"], int(run["seed"]), source, *spaces, game)
+    spec = cls(*spaces, config)
+    trainer = spec.make_trainer(device="cpu", seed=int(run["seed"]))  # reads (and checks) the whole checkpointed state
+    trainer.load_state_dict(parts["algorithm"])
+    policy = spec.make_policy(device="cpu", seed=int(run["seed"]))
+    policy.load_policy_state_dict(trainer.policy_state_dict())
+    updates = parts["algorithm"].get("num_updates")
+    return TrainedPolicy(policy, env, run["algorithm"], int(run["seed"]), source, *spaces, game,
+                         None if updates is None else int(updates))
 
 
 def play_trained(trained: TrainedPolicy, opponents: list[str], games: int, num_envs: int,
@@ -81,7 +88,7 @@ def evaluate_trained(trained: TrainedPolicy, episodes: int, num_envs: int, seed:
     """Greedy episodes of a trained policy, spread evenly over ``num_envs`` envs."""
     policy = trained.policy
     return evaluate(lambda obs: policy.act(obs, 0.0), lambda: make_env(trained.env), episodes, num_envs, seed,
-                    getattr(policy, "reset_memory", None))
+                    policy.reset_memory)
 
 
 def record_trained(trained: TrainedPolicy, episodes: int, num_envs: int, seed: int,
@@ -106,5 +113,5 @@ def record_trained(trained: TrainedPolicy, episodes: int, num_envs: int, seed: i
 
     policy = trained.policy
     result = evaluate(lambda obs: policy.act(obs, 0.0), lambda: make_env(trained.env, render_mode="rgb_array"),
-                      episodes, num_envs, seed, getattr(policy, "reset_memory", None), recorder)
+                      episodes, num_envs, seed, policy.reset_memory, recorder)
     return result, [folder / f"env-{i}-episode-{j}.mp4" for i, count in enumerate(recorded) for j in range(count)]

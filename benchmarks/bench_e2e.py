@@ -26,7 +26,7 @@ import time
 import grpc
 import torch
 
-from actorlearner.algorithms import make_algorithm
+from actorlearner.algorithms import make_spec
 from actorlearner.envs import make_vector_env
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
@@ -68,7 +68,7 @@ def baseline(env: str, num_envs: int, seconds: float) -> float:
     """Env steps/s of one process: the same vector env and network, acting epsilon-greedily."""
     torch.set_num_threads(1)
     envs = make_vector_env(env, num_envs)
-    policy = make_algorithm("dqn", envs.single_observation_space, envs.single_action_space)
+    policy = make_spec("dqn", envs.single_observation_space, envs.single_action_space).make_policy()
     obs, _ = envs.reset(seed=0)
     steps, start = 0, time.monotonic()
     while time.monotonic() - start < seconds:

@@ -24,7 +24,7 @@ import json
 import gymnasium as gym
 import numpy as np
 
-from actorlearner.algorithms import make_algorithm
+from actorlearner.algorithms import make_spec
 
 SPACES = {
     "image 84x84x4 uint8": gym.spaces.Box(0, 255, (84, 84, 4), np.uint8),
@@ -45,9 +45,9 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for label, space in SPACES.items():
-        dqn = make_algorithm("dqn", space, gym.spaces.Discrete(6))
-        r2d2 = make_algorithm("r2d2", space, gym.spaces.Discrete(6),
-                              {"sequence_length": args.length, "overlap": args.overlap, "burn_in": 0})
+        dqn = make_spec("dqn", space, gym.spaces.Discrete(6))
+        r2d2 = make_spec("r2d2", space, gym.spaces.Discrete(6),
+                         {"sequence_length": args.length, "overlap": args.overlap, "burn_in": 0})
         transition, sequence = item_bytes(dqn), item_bytes(r2d2)
         per_slot = sequence / args.length
         per_collected = sequence / (args.length - args.overlap)

@@ -17,11 +17,11 @@ from procs import FAST_LEARNER, free_port, start_actor, start_learner, status, s
 
 from actorlearner import wire
 from actorlearner.actor.actor import Actor, _cut
-from actorlearner.algorithms import make_algorithm
+from actorlearner.algorithms import make_spec
 from actorlearner.algorithms.nstep import NStepAssembler
 from actorlearner.config import ActorConfig
-from actorlearner.learner.checkpoint import CheckpointStore
-from actorlearner.learner.learner import field_specs
+from actorlearner.checkpoint.store import CheckpointStore
+from actorlearner.learner.spec import field_specs
 from actorlearner.v1 import learner_pb2 as pb
 
 # The replacement differs in n-step, gamma, batch size, window, codec, epsilon, actor count and network.
@@ -128,7 +128,7 @@ def test_in_process_actor_rebuilds_assembler_epsilon_batches_window_and_network_
                    and status(port).inserted >= 2, 60, "the first session streaming")
         assert (actor.assembler.n_step, actor.assembler.gamma) == (3, pytest.approx(0.99))
         assert actor.exploration == pytest.approx(0.4) and actor.link.max_unacked == 4
-        first_network = actor.algorithm
+        first_network = actor.policy
         assert first_network.policy_state_dict()["encoder.mlp.0.weight"].shape == (32, 4)
         assert stop(first) == [0]
 
@@ -138,8 +138,8 @@ def test_in_process_actor_rebuilds_assembler_epsilon_batches_window_and_network_
         assert (actor.assembler.n_step, actor.assembler.gamma) == (2, pytest.approx(0.9))
         assert actor.exploration == pytest.approx(0.2) and actor.link.max_unacked == 3
         assert actor.session.settings.batch_size == 40
-        assert actor.algorithm is not first_network and actor.algorithm is actor.session.policy
-        assert actor.algorithm.policy_state_dict()["encoder.mlp.0.weight"].shape == (48, 4)
+        assert actor.policy is not first_network and actor.policy is actor.session.policy
+        assert actor.policy.policy_state_dict()["encoder.mlp.0.weight"].shape == (48, 4)
         wait_until(lambda: status(port).inserted > OLD_BATCHES_AT_MOST, 60, "the actor streaming again")
         wait_until(lambda: grows_in_batches_of(port, 40), 60, "the replay to grow in batches of 40")
         assert actor.link.error is None and runner.is_alive()
@@ -154,7 +154,7 @@ def test_in_process_actor_rebuilds_assembler_epsilon_batches_window_and_network_
 # -- scripted peers: real gRPC servers on 127.0.0.1 that answer Connect from a script ----------
 
 CARTPOLE = gym.make("CartPole-v1")
-CARTPOLE_FIELDS = field_specs(make_algorithm("dqn", CARTPOLE.observation_space, CARTPOLE.action_space)
+CARTPOLE_FIELDS = field_specs(make_spec("dqn", CARTPOLE.observation_space, CARTPOLE.action_space)
                               .transition_fields())
 
 
@@ -174,8 +174,8 @@ def welcome(learner_id: str, version: int, session_settings: pb.Settings) -> pb.
 
 def weights(version: int, hidden_sizes: list[int]) -> pb.LearnerMessage:
     """A whole PolicyUpdate of a DQN network with ``hidden_sizes`` for CartPole."""
-    network = make_algorithm("dqn", CARTPOLE.observation_space, CARTPOLE.action_space,
-                             {"hidden_sizes": tuple(hidden_sizes)})
+    network = make_spec("dqn", CARTPOLE.observation_space, CARTPOLE.action_space,
+                        {"hidden_sizes": tuple(hidden_sizes)}).make_policy()
     payload = wire.encode_state_dict(network.policy_state_dict())
     return pb.LearnerMessage(policy_update=pb.PolicyUpdate(version=version, chunk_index=0, chunk_count=1,
                                                            total_bytes=len(payload), payload=payload))
@@ -262,7 +262,7 @@ def test_a_new_welcome_keeps_the_window_and_closes_out_the_old_sessions_transiti
     assert all(b.num_transitions <= 16 and b.policy_version == 7 for b in old_codec)
 
     def discounts(batch_list, codec):
-        fields = actor.algorithm.transition_fields()
+        fields = actor.policy.spec.transition_fields()
         return np.concatenate([wire.decode_batch(b.payload, codec, fields, b.num_transitions)["discount"]
                                for b in batch_list])
 
@@ -305,7 +305,7 @@ def test_weights_withheld_for_a_version_the_actor_holds_of_another_network_are_a
         learner.close()
     assert [hello.policy_version for hello in learner.hellos] == [-1, 3, -1]
     assert actor.session.learner_id == "learner-[48, 24]" and actor.policy_version == 3
-    assert actor.algorithm.policy_state_dict()["encoder.mlp.0.weight"].shape == (48, 4) and actor.link.error is None
+    assert actor.policy.policy_state_dict()["encoder.mlp.0.weight"].shape == (48, 4) and actor.link.error is None
 
 
 def hostile_weights(hello, requests, context):

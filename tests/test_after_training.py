@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from actorlearner import config as cfg
 from actorlearner.config import LearnerConfig
 from actorlearner.envs import make_env
-from actorlearner.learner.checkpoint import CheckpointError
+from actorlearner.checkpoint.parts import CheckpointError
 from actorlearner.learner.learner import Learner
 from actorlearner.trained import evaluate_trained, load_trained
 from procs import CHILD_ENV, FAST_LEARNER
@@ -43,7 +43,9 @@ def test_the_loaded_policy_acts_as_the_learner_s_own(checkpointed):
     env = make_env("CartPole-v1")
     obs = np.stack([env.observation_space.sample() for _ in range(64)])
     env.close()
-    np.testing.assert_array_equal(trained.policy.act(obs, 0.0), learner.algorithm.act(obs, 0.0))
+    own = learner.algorithm.spec.make_policy()  # acting with the learner's own weights
+    own.load_policy_state_dict(learner.algorithm.policy_state_dict())
+    np.testing.assert_array_equal(trained.policy.act(obs, 0.0), own.act(obs, 0.0))
 
 
 def test_eval_prints_one_json_line_with_the_returns_of_the_episodes_it_played(checkpointed):

@@ -15,11 +15,13 @@ import torch
 
 from actorlearner import config as cfg
 from actorlearner.algorithms import (
-    Algorithm,
     AlgorithmError,
+    AlgorithmSpec,
+    Policy,
+    Trainer,
     config_json,
-    make_algorithm,
     make_config,
+    make_spec,
     resolve,
 )
 from actorlearner.algorithms.dqn import DQN, DQNConfig
@@ -43,23 +45,33 @@ class ConstantConfig:
             raise ValueError(f"scale must be > 0, got {self.scale}")
 
 
-class ConstantAlgorithm:
+class ConstantAlgorithm(AlgorithmSpec):
     """A user algorithm outside actorlearner: always the same action, nothing learned."""
 
     name: ClassVar[str] = "constant"
     config_class: ClassVar[type] = ConstantConfig
-
-    def __init__(self, observation_space, action_space, config: ConstantConfig, *, device="cpu", seed=0):
-        self.observation_space, self.action_space = observation_space, action_space
-        self.config, self.device, self.seed = config, torch.device(device), seed
 
     def transition_fields(self):
         return {"obs": (self.observation_space.shape, torch.float32), "action": ((), torch.int64),
                 "reward": ((), torch.float32), "discount": ((), torch.float32),
                 "next_obs": (self.observation_space.shape, torch.float32)}
 
-    def make_assembler(self, num_envs):
+    def make_assembler(self, num_envs, policy):
         return NStepAssembler(num_envs, 1, 1.0, self.observation_space, (), np.int64)
+
+    def make_policy(self, *, device="cpu", seed=0):
+        return ConstantPolicy(self, device=device, seed=seed)
+
+    def make_trainer(self, *, device="cpu", seed=0):
+        return ConstantTrainer(self, device=device)
+
+
+class ConstantPolicy(Policy):
+    """Acts with the configured action; priorities are the configured scale."""
+
+    def __init__(self, spec, *, device="cpu", seed=0):
+        super().__init__(spec, device=device)
+        self.seed = seed
 
     def exploration(self, actor_index, num_actors):
         return 0.0
@@ -70,14 +82,21 @@ class ConstantAlgorithm:
     def initial_priorities(self, fields):
         return torch.full((len(fields["reward"]),), self.config.scale)
 
-    def update(self, sample):
-        return torch.full((len(sample.weights),), self.config.scale), {}
-
     def policy_state_dict(self):
         return {}
 
     def load_policy_state_dict(self, state):
         pass
+
+
+class ConstantTrainer(Trainer):
+    """Learns nothing."""
+
+    def update(self, sample):
+        return torch.full((len(sample.weights),), self.config.scale), {}
+
+    def policy_state_dict(self):
+        return {}
 
     def state_dict(self):
         return {}
@@ -86,21 +105,15 @@ class ConstantAlgorithm:
         pass
 
 
-class NoUpdate:
+class NoTrainer(AlgorithmSpec):
     """Looks like an algorithm but cannot learn."""
 
     name = "half"
     config_class = ConstantConfig
 
     def transition_fields(self): ...
-    def make_assembler(self, num_envs): ...
-    def exploration(self, actor_index, num_actors): ...
-    def act(self, obs, exploration): ...
-    def initial_priorities(self, fields): ...
-    def policy_state_dict(self): ...
-    def load_policy_state_dict(self, state): ...
-    def state_dict(self): ...
-    def load_state_dict(self, state): ...
+    def make_assembler(self, num_envs, policy): ...
+    def make_policy(self, *, device="cpu", seed=0): ...
 
 
 class PlainConfigClass(ConstantAlgorithm):
@@ -125,13 +138,13 @@ def test_registered_names_resolve_case_insensitively():
 def test_a_users_class_resolves_as_module_colon_name():
     cls = resolve(f"{__name__}:ConstantAlgorithm")
     assert cls is ConstantAlgorithm
-    algo = make_algorithm(f"{__name__}:ConstantAlgorithm", OBS_SPACE, ACT_SPACE, {"action": 1, "scale": 2.0},
-                          device="cpu", seed=5)
-    assert isinstance(algo, ConstantAlgorithm) and isinstance(algo, Algorithm)
+    algo = make_spec(f"{__name__}:ConstantAlgorithm", OBS_SPACE, ACT_SPACE, {"action": 1, "scale": 2.0})
+    assert isinstance(algo, ConstantAlgorithm) and isinstance(algo, AlgorithmSpec)
     assert algo.config == ConstantConfig(action=1, scale=2.0)
-    assert (algo.device, algo.seed) == (torch.device("cpu"), 5)
-    np.testing.assert_array_equal(algo.act(np.zeros((3, 3), np.float32), 0.0), [1, 1, 1])
-    assert isinstance(make_algorithm(f"{__name__}:ConstantAlgorithm", OBS_SPACE, ACT_SPACE).config, ConstantConfig)
+    policy = algo.make_policy(device="cpu", seed=5)
+    assert (policy.device, policy.seed) == (torch.device("cpu"), 5)
+    np.testing.assert_array_equal(policy.act(np.zeros((3, 3), np.float32), 0.0), [1, 1, 1])
+    assert isinstance(make_spec(f"{__name__}:ConstantAlgorithm", OBS_SPACE, ACT_SPACE).config, ConstantConfig)
 
 
 @pytest.mark.parametrize("name", ["ppo", "", "DQN2", "ConstantAlgorithm"])
@@ -154,8 +167,8 @@ def test_names_that_resolve_to_nothing(name, says):
 
 
 def test_a_class_missing_protocol_members_is_refused_naming_them():
-    with pytest.raises(AlgorithmError, match="NoUpdate is not an Algorithm: it lacks update$"):
-        resolve(f"{__name__}:NoUpdate")
+    with pytest.raises(AlgorithmError, match="NoTrainer is not an AlgorithmSpec: it lacks make_trainer$"):
+        resolve(f"{__name__}:NoTrainer")
     with pytest.raises(AlgorithmError, match="lacks name, config_class, transition_fields"):
         resolve(f"{__name__}:NOT_A_CLASS")
     with pytest.raises(AlgorithmError, match="has no config_class dataclass"):
@@ -163,10 +176,10 @@ def test_a_class_missing_protocol_members_is_refused_naming_them():
 
 
 def test_dqn_satisfies_the_runtime_protocol():
-    algo = make_algorithm("dqn", OBS_SPACE, ACT_SPACE)
-    assert isinstance(algo, Algorithm)
+    algo = make_spec("dqn", OBS_SPACE, ACT_SPACE)
+    assert isinstance(algo, AlgorithmSpec)
     assert DQN.name == "dqn" and DQN.config_class is DQNConfig
-    assert not isinstance(object(), Algorithm)
+    assert not isinstance(object(), AlgorithmSpec)
 
 
 # ---------------------------------------------------------------- configs
@@ -222,5 +235,5 @@ def test_a_resolved_user_algorithm_gets_prefixed_options_and_its_config():
     learner = cfg.build(cfg.LearnerConfig, parser.parse_args(argv), {"ACTORLEARNER_CONSTANT_SCALE": "0.5"}, algorithm)
     assert learner.algorithm == name
     assert learner.algorithm_config == ConstantConfig(action=2, scale=0.5)
-    algo = make_algorithm(learner.algorithm, OBS_SPACE, ACT_SPACE, learner.algorithm_config)
+    algo = make_spec(learner.algorithm, OBS_SPACE, ACT_SPACE, learner.algorithm_config)
     assert algo.config is learner.algorithm_config

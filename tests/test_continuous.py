@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from actorlearner.algorithms import make_algorithm
+from actorlearner.algorithms import make_spec
 from actorlearner.algorithms.registry import resolve
 from actorlearner.networks import UnsupportedSpace
 
@@ -20,7 +20,12 @@ ALGORITHMS = ("sac", "td3")
 
 
 def make(name: str, seed: int = 0, action_space: gym.Space = ASYMMETRIC, **kw):
-    return make_algorithm(name, OBS, action_space, {"hidden_sizes": (32, 32), **kw}, seed=seed)
+    """A trainer."""
+    return make_spec(name, OBS, action_space, {"hidden_sizes": (32, 32), **kw}).make_trainer(seed=seed)
+
+
+def make_policy(name: str, seed: int = 0, **kw):
+    return make_spec(name, OBS, ASYMMETRIC, {"hidden_sizes": (32, 32), **kw}).make_policy(seed=seed)
 
 
 def batch(size: int = 32, seed: int = 0) -> SimpleNamespace:
@@ -35,7 +40,7 @@ def batch(size: int = 32, seed: int = 0) -> SimpleNamespace:
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_actions_lie_inside_asymmetric_per_dimension_bounds(name):
-    algo = make(name)
+    algo = make_policy(name)
     obs = np.random.default_rng(0).uniform(-1, 1, (4000, 3)).astype(np.float32)
     explored, evaluated = algo.act(obs, algo.exploration(0, 2)), algo.act(obs, 0.0)
     for actions in (explored, evaluated):
@@ -47,7 +52,7 @@ def test_actions_lie_inside_asymmetric_per_dimension_bounds(name):
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_a_saturated_policy_acts_exactly_on_the_bounds_never_past_them(name):
-    algo = make(name)
+    algo = make_policy(name)
     obs = np.random.default_rng(1).uniform(-1, 1, (500, 3)).astype(np.float32)
     for sign, edge in ((1.0, ASYMMETRIC.high), (-1.0, ASYMMETRIC.low)):
         with torch.no_grad():
@@ -61,7 +66,7 @@ def test_a_saturated_policy_acts_exactly_on_the_bounds_never_past_them(name):
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_random_steps_spread_over_the_bounds_then_the_policy_acts(name):
-    algo = make(name, random_steps=3)
+    algo = make_policy(name, random_steps=3)
     with torch.no_grad():
         algo.actor.head.bias.fill_(1e6)  # the policy alone would sit on the upper bounds
     obs = np.zeros((2000, 3), np.float32)
@@ -76,10 +81,11 @@ def test_random_steps_spread_over_the_bounds_then_the_policy_acts(name):
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_fields_and_the_policy_on_the_wire_are_the_actors_only(name):
-    algo = make_algorithm(name, OBS, ASYMMETRIC, {"hidden_sizes": [16]})
-    assert algo.transition_fields()["action"] == ((2,), torch.float32)
+    spec = make_spec(name, OBS, ASYMMETRIC, {"hidden_sizes": [16]})
+    algo, policy = spec.make_trainer(), spec.make_policy()
+    assert spec.transition_fields()["action"] == ((2,), torch.float32)
     assert algo.policy_state_dict() and all(key.startswith(("encoder.", "head.")) for key in algo.policy_state_dict())
-    assert algo.initial_priorities({"reward": torch.zeros(3)}) is None  # the learner's max priority
+    assert policy.initial_priorities({"reward": torch.zeros(3)}) is None  # the learner's max priority
     cls = resolve(name)
     with pytest.raises(UnsupportedSpace, match="action space Discrete"):
         cls(OBS, gym.spaces.Discrete(3))
@@ -91,11 +97,12 @@ def test_fields_and_the_policy_on_the_wire_are_the_actors_only(name):
 def test_a_dict_observation_with_an_image_drives_continuous_actions(name):
     space = gym.spaces.Dict({"camera": gym.spaces.Box(0, 255, (12, 12, 3), np.uint8),
                              "state": gym.spaces.Box(-1, 1, (4,), np.float32)})
-    algo = make_algorithm(name, space, ASYMMETRIC, {"hidden_sizes": (16,)})
+    spec = make_spec(name, space, ASYMMETRIC, {"hidden_sizes": (16,)})
+    algo = spec.make_policy()
     obs = {"camera": np.random.default_rng(0).integers(0, 256, (5, 12, 12, 3), np.uint8),
            "state": np.zeros((5, 4), np.float32)}
     assert all(ASYMMETRIC.contains(a) for a in algo.act(obs, algo.exploration(0, 1)))
-    assert {"obs/camera", "obs/state", "next_obs/camera"} <= set(algo.transition_fields())
+    assert {"obs/camera", "obs/state", "next_obs/camera"} <= set(spec.transition_fields())
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
@@ -158,7 +165,7 @@ def test_td3_target_smoothing_noise_is_clipped():
 
 
 def test_sac_samples_while_exploring_and_acts_with_the_mean_when_evaluated():
-    algo = make("sac")
+    algo = make_policy("sac")
     obs = np.zeros((2000, 3), np.float32)
     sampled = algo.act(obs, algo.exploration(0, 2))
     assert sampled.std(0).min() > 0.05 and np.ptp(algo.act(obs, 0.0), axis=0).max() == 0.0

@@ -13,11 +13,13 @@ from gymnasium import spaces
 from gymnasium.vector.utils import batch_space
 from torch import nn
 
-from actorlearner.algorithms import Algorithm, AlgorithmError, make_algorithm
+from actorlearner.algorithms import AlgorithmError, AlgorithmSpec, make_spec
+from actorlearner.algorithms.apex import apex_epsilons
 from actorlearner.algorithms.dqn import (
     DQN,
     DQNConfig,
-    apex_epsilons,
+    DQNPolicy,
+    DQNTrainer,
     double_q_learning,
     double_q_target,
     huber,
@@ -40,11 +42,15 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-def make(seed: int = 0, device: str = "cpu", **kw) -> DQN:
-    return DQN(OBS_SPACE, ACT_SPACE, DQNConfig(hidden_sizes=(32, 32), **kw), device=device, seed=seed)
+def make(seed: int = 0, device: str = "cpu", **kw) -> DQNTrainer:
+    return DQN(OBS_SPACE, ACT_SPACE, DQNConfig(hidden_sizes=(32, 32), **kw)).make_trainer(device=device, seed=seed)
 
 
-def q_values(algo: DQN, obs: torch.Tensor, net: str = "online") -> torch.Tensor:
+def make_policy(seed: int = 0, **kw) -> DQNPolicy:
+    return DQN(OBS_SPACE, ACT_SPACE, DQNConfig(hidden_sizes=(32, 32), **kw)).make_policy(seed=seed)
+
+
+def q_values(algo: DQNPolicy | DQNTrainer, obs: torch.Tensor, net: str = "online") -> torch.Tensor:
     """Q values [B, N] of the single Discrete branch for a plain Box observation (leaf key "")."""
     with torch.no_grad():
         q = getattr(algo, net)({"": obs.to(algo.device)})
@@ -64,7 +70,7 @@ def batch(size: int = 16, seed: int = 0, discount: float = 0.9) -> SimpleNamespa
     return SimpleNamespace(weights=torch.ones(size), data=data)
 
 
-def random_sample(algo: DQN, obs_space: gym.Space, act_space: gym.Space, size: int, seed: int = 0,
+def random_sample(spec: DQN, obs_space: gym.Space, act_space: gym.Space, size: int, seed: int = 0,
                   discount: float = 0.0) -> SimpleNamespace:
     """A replay sample with the algorithm's fields, drawn from the spaces as a vector env batches them."""
     batched_obs, batched_act = batch_space(obs_space, size), batch_space(act_space, size)
@@ -77,8 +83,8 @@ def random_sample(algo: DQN, obs_space: gym.Space, act_space: gym.Space, size: i
     data["action"] = torch.as_tensor(np.asarray(batched_act.sample()), dtype=torch.int64)
     data["reward"] = torch.randn(size, generator=torch.Generator().manual_seed(seed))
     data["discount"] = torch.full((size,), discount)
-    assert set(data) == set(algo.transition_fields())
-    for name, (shape, dtype) in algo.transition_fields().items():
+    assert set(data) == set(spec.transition_fields())
+    for name, (shape, dtype) in spec.transition_fields().items():
         assert data[name].shape == (size, *shape) and data[name].dtype == dtype, name
     return SimpleNamespace(weights=torch.ones(size), data=data)
 
@@ -172,22 +178,22 @@ def test_apex_epsilons():
 
 
 def test_exploration_is_the_configured_apex_epsilon_of_each_actor():
-    algo = DQN(OBS_SPACE, ACT_SPACE, DQNConfig(hidden_sizes=(8,), epsilon_base=0.5, epsilon_alpha=2.0))
+    algo = DQN(OBS_SPACE, ACT_SPACE, DQNConfig(hidden_sizes=(8,), epsilon_base=0.5, epsilon_alpha=2.0)).make_policy()
     assert [algo.exploration(i, 3) for i in range(3)] == apex_epsilons(3, base=0.5, alpha=2.0)
     assert algo.exploration(0, 1) == 0.5
     assert algo.exploration(4, 3) == algo.exploration(1, 3)  # indices past num_actors wrap around
     assert algo.exploration(0, 0) == 0.5  # no actors expected yet: treated as one
-    assert make().exploration(0, 2) == 0.4  # defaults: Ape-X's base 0.4
+    assert make_policy().exploration(0, 2) == 0.4  # defaults: Ape-X's base 0.4
 
 
 # ---------------------------------------------------------------- the algorithm
 
 
 def test_make_algorithm_and_protocol():
-    algo = make_algorithm("dqn", OBS_SPACE, ACT_SPACE, {"hidden_sizes": [16], "lr": 1e-3})
-    assert isinstance(algo, Algorithm) and isinstance(algo, DQN)
+    algo = make_spec("dqn", OBS_SPACE, ACT_SPACE, {"hidden_sizes": [16], "lr": 1e-3})
+    assert isinstance(algo, AlgorithmSpec) and isinstance(algo, DQN)
     assert algo.config.hidden_sizes == (16,) and (algo.config.n_step, algo.config.gamma) == (3, 0.99)
-    assert algo.optimizer.param_groups[0]["lr"] == 1e-3
+    assert algo.make_trainer().optimizer.param_groups[0]["lr"] == 1e-3
     assert algo.transition_fields() == {
         "obs": ((4,), torch.float32),
         "action": ((), torch.int64),
@@ -196,19 +202,19 @@ def test_make_algorithm_and_protocol():
         "next_obs": ((4,), torch.float32),
     }
     with pytest.raises(AlgorithmError, match="ppo"):
-        make_algorithm("ppo", OBS_SPACE, ACT_SPACE)
+        make_spec("ppo", OBS_SPACE, ACT_SPACE)
     with pytest.raises(UnsupportedSpace, match="Box"):
-        make_algorithm("dqn", OBS_SPACE, spaces.Box(-1, 1, (2,)))
+        make_spec("dqn", OBS_SPACE, spaces.Box(-1, 1, (2,)))
     with pytest.raises(ValueError, match="n_step"):
         DQNConfig(n_step=0)
     with pytest.raises(AlgorithmError, match="n_step"):
-        make_algorithm("dqn", OBS_SPACE, ACT_SPACE, {"n_step": 0})
+        make_spec("dqn", OBS_SPACE, ACT_SPACE, {"n_step": 0})
 
 
 def test_seed_fixes_the_initial_weights():
-    a = make_algorithm("dqn", OBS_SPACE, ACT_SPACE, seed=7)
-    b = make_algorithm("dqn", OBS_SPACE, ACT_SPACE, seed=7)
-    c = make_algorithm("dqn", OBS_SPACE, ACT_SPACE, seed=8)
+    a = make_spec("dqn", OBS_SPACE, ACT_SPACE).make_trainer(seed=7)
+    b = make_spec("dqn", OBS_SPACE, ACT_SPACE).make_policy(seed=7)
+    c = make_spec("dqn", OBS_SPACE, ACT_SPACE).make_trainer(seed=8)
     pa, pb, pc = (algo.policy_state_dict() for algo in (a, b, c))
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
     assert not all(torch.equal(pa[k], pc[k]) for k in pa)
@@ -219,12 +225,14 @@ def test_building_an_algorithm_leaves_the_global_rng_alone():
     torch.manual_seed(123)
     expected_draw = torch.rand(3)
     torch.manual_seed(123)
-    make_algorithm("dqn", OBS_SPACE, ACT_SPACE, seed=7)
+    spec = make_spec("dqn", OBS_SPACE, ACT_SPACE)
+    spec.make_trainer(seed=7)
+    spec.make_policy(seed=7)
     assert torch.equal(torch.rand(3), expected_draw)
 
 
 def test_act_is_greedy_at_epsilon_zero_and_uniform_at_one():
-    algo = make()
+    algo = make_policy()
     obs = np.random.default_rng(0).uniform(-1, 1, (64, 4)).astype(np.float32)
     greedy = q_values(algo, torch.from_numpy(obs)).argmax(-1).numpy()
     actions = algo.act(obs, 0.0)
@@ -237,7 +245,8 @@ def test_act_is_greedy_at_epsilon_zero_and_uniform_at_one():
 
 
 def test_discrete_start_offset_is_respected():
-    algo = DQN(OBS_SPACE, spaces.Discrete(3, start=5), DQNConfig(hidden_sizes=(8,)))
+    spec = DQN(OBS_SPACE, spaces.Discrete(3, start=5), DQNConfig(hidden_sizes=(8,)))
+    algo, trainer = spec.make_policy(), spec.make_trainer()
     actions = algo.act(np.zeros((100, 4), np.float32), 1.0)
     assert actions.min() >= 5 and actions.max() <= 7
     assert set(actions.tolist()) == {5, 6, 7}
@@ -251,12 +260,12 @@ def test_discrete_start_offset_is_respected():
         td = double_q_learning(q_values(algo, sample.data["obs"])[:, None], sample.data["action"][:, None] - 5,
                                sample.data["reward"], sample.data["discount"], q_t, q_t)
     torch.testing.assert_close(before, td.abs()[:, 0] + algo.config.priority_eps)  # stored 5..7 mean indices 0..2
-    priorities, _ = algo.update(sample)
+    priorities, _ = trainer.update(sample)
     assert priorities.shape == (8,) and torch.isfinite(priorities).all()
 
 
 def test_initial_priorities_are_abs_td_with_online_net_plus_eps():
-    algo = make(priority_eps=1e-3)
+    algo = make_policy(priority_eps=1e-3)
     data = batch(8).data
     with torch.no_grad():
         q_t = q_values(algo, data["next_obs"])[:, None]
@@ -351,10 +360,10 @@ def test_policy_state_dict_round_trip_to_an_actor_copy():
     policy = learner.policy_state_dict()
     assert all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in policy.values())
     assert all(not k.startswith("target") for k in policy)
-    actor = make(seed=5)
+    actor = make_policy(seed=5)
     actor.load_policy_state_dict({k: v.numpy() for k, v in policy.items()})  # as decoded off the wire
     obs = np.random.default_rng(1).uniform(-1, 1, (32, 4)).astype(np.float32)
-    np.testing.assert_array_equal(actor.act(obs, 0.0), learner.act(obs, 0.0))
+    np.testing.assert_array_equal(actor.act(obs, 0.0), q_values(learner, torch.from_numpy(obs)).argmax(-1).numpy())
 
 
 def test_learning_smoke_td_errors_go_to_zero_on_a_fixed_batch():
@@ -415,7 +424,7 @@ def test_transition_fields_keep_the_observation_dtype():
     algo = DQN(frames, ACT_SPACE, DQNConfig(hidden_sizes=(8,)))
     fields = algo.transition_fields()
     assert fields["obs"] == ((4, 4), torch.uint8) and fields["next_obs"] == ((4, 4), torch.uint8)
-    actions = algo.act(np.zeros((3, 4, 4), np.uint8), 0.0)
+    actions = algo.make_policy().act(np.zeros((3, 4, 4), np.uint8), 0.0)
     assert actions.shape == (3,)
 
 
@@ -424,17 +433,18 @@ def test_transition_fields_keep_the_observation_dtype():
 
 def test_image_observations_use_the_conv_torso_and_stay_uint8():
     frames = spaces.Box(0, 255, shape=(10, 10, 4), dtype=np.uint8)
-    algo = DQN(frames, ACT_SPACE, DQNConfig(hidden_sizes=(16,)))
+    spec = DQN(frames, ACT_SPACE, DQNConfig(hidden_sizes=(16,)))
+    algo, policy = spec.make_trainer(), spec.make_policy()
     (encoder,) = algo.online.encoder.leaf_encoders
     assert isinstance(encoder, ImageEncoder) and encoder.channels_last
     convs = [m for m in encoder.torso if isinstance(m, nn.Conv2d)]
     assert len(convs) == 1 and convs[0].in_channels == 4  # the small (MinAtar) torso below 36x36
-    fields = algo.transition_fields()
+    fields = spec.transition_fields()
     assert fields["obs"] == ((10, 10, 4), torch.uint8) and fields["next_obs"] == ((10, 10, 4), torch.uint8)
     obs = np.random.default_rng(0).integers(0, 256, (5, 10, 10, 4), dtype=np.uint8)
-    actions = algo.act(obs, 0.0)
+    actions = policy.act(obs, 0.0)
     assert actions.shape == (5,) and all(ACT_SPACE.contains(a) for a in actions)
-    sample = random_sample(algo, frames, ACT_SPACE, 8)
+    sample = random_sample(spec, frames, ACT_SPACE, 8)
     priorities, metrics = algo.update(sample)
     assert priorities.shape == (8,) and np.isfinite(metrics["losses/td_loss"])
     assert convs[0].weight.grad is not None and convs[0].weight.grad.abs().sum() > 0  # the torso learns
@@ -445,8 +455,9 @@ def test_image_observations_use_the_conv_torso_and_stay_uint8():
 
 def test_multidiscrete_actions_with_start_stay_within_the_space():
     action_space = spaces.MultiDiscrete([3, 2], start=[-1, 0])
-    algo = DQN(OBS_SPACE, action_space, DQNConfig(hidden_sizes=(16,)))
-    assert algo.transition_fields()["action"] == ((2,), torch.int64)
+    spec = DQN(OBS_SPACE, action_space, DQNConfig(hidden_sizes=(16,)))
+    algo = spec.make_policy()
+    assert spec.transition_fields()["action"] == ((2,), torch.int64)
     obs = np.random.default_rng(0).uniform(-1, 1, (600, 4)).astype(np.float32)
     for epsilon in (0.0, 1.0):
         actions = algo.act(obs, epsilon)
@@ -469,8 +480,9 @@ BRANCHED = spaces.MultiDiscrete([3, 2], start=[-1, 0])
 
 
 def test_dict_observation_fields_and_encoders():
-    algo = DQN(DICT_OBS, BRANCHED, DQNConfig(hidden_sizes=(16,)))
-    assert algo.transition_fields() == {
+    spec = DQN(DICT_OBS, BRANCHED, DQNConfig(hidden_sizes=(16,)))
+    algo = spec.make_policy()
+    assert spec.transition_fields() == {
         "obs/image": ((8, 8, 1), torch.uint8),
         "obs/position": ((), torch.int64),
         "obs/flags": ((3,), torch.int8),
@@ -488,8 +500,9 @@ def test_dict_observation_fields_and_encoders():
 
 def test_learning_smoke_branched_actions_and_dict_observations():
     """Terminal transitions: every branch's Q of its taken action is fitted to the reward."""
-    algo = DQN(DICT_OBS, BRANCHED, DQNConfig(hidden_sizes=(32,), lr=3e-3, target_update_period=50), seed=1)
-    sample = random_sample(algo, DICT_OBS, BRANCHED, 16, seed=3, discount=0.0)
+    spec = DQN(DICT_OBS, BRANCHED, DQNConfig(hidden_sizes=(32,), lr=3e-3, target_update_period=50))
+    algo = spec.make_trainer(seed=1)
+    sample = random_sample(spec, DICT_OBS, BRANCHED, 16, seed=3, discount=0.0)
     assert sample.data["action"][:, 0].min() == -1  # stored action values, not branch indices
     _, first = algo.update(sample)
     for _ in range(150):
@@ -523,12 +536,12 @@ OBSERVATION_SPACES = {
 
 @pytest.mark.parametrize("space", OBSERVATION_SPACES.values(), ids=OBSERVATION_SPACES.keys())
 def test_every_supported_observation_space_builds_acts_and_updates(space):
-    algo = DQN(space, ACT_SPACE, DQNConfig(hidden_sizes=(8,)))
+    spec = DQN(space, ACT_SPACE, DQNConfig(hidden_sizes=(8,)))
     batched = batch_space(space, 4)
     batched.seed(0)
-    actions = algo.act(batched.sample(), 0.5)
+    actions = spec.make_policy().act(batched.sample(), 0.5)
     assert actions.shape == (4,) and all(ACT_SPACE.contains(a) for a in actions)
-    priorities, metrics = algo.update(random_sample(algo, space, ACT_SPACE, 6))
+    priorities, metrics = spec.make_trainer().update(random_sample(spec, space, ACT_SPACE, 6))
     assert priorities.shape == (6,) and torch.isfinite(priorities).all() and np.isfinite(metrics["losses/td_loss"])
 
 
@@ -558,14 +571,14 @@ ACTION_SPACES = {
 
 @pytest.mark.parametrize("space", ACTION_SPACES.values(), ids=ACTION_SPACES.keys())
 def test_discrete_action_spaces_build_and_act_within_the_space(space):
-    algo = DQN(OBS_SPACE, space, DQNConfig(hidden_sizes=(8,)))
-    assert algo.transition_fields()["action"] == (space.shape, torch.int64)
+    spec = DQN(OBS_SPACE, space, DQNConfig(hidden_sizes=(8,)))
+    assert spec.transition_fields()["action"] == (space.shape, torch.int64)
     obs = np.random.default_rng(0).uniform(-1, 1, (50, 4)).astype(np.float32)
     for epsilon in (0.0, 1.0):
-        actions = algo.act(obs, epsilon)
+        actions = spec.make_policy().act(obs, epsilon)
         assert actions.shape == (50, *space.shape)
         assert all(space.contains(a) for a in actions)
-    priorities, _ = algo.update(random_sample(algo, OBS_SPACE, space, 6))
+    priorities, _ = spec.make_trainer().update(random_sample(spec, OBS_SPACE, space, 6))
     assert priorities.shape == (6,) and torch.isfinite(priorities).all()
 
 

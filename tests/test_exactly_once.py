@@ -9,7 +9,7 @@ import torch
 
 from actorlearner import wire
 from actorlearner.actor.link import LearnerLink
-from actorlearner.algorithms import make_algorithm
+from actorlearner.algorithms import make_spec
 from actorlearner.algorithms.r2d2 import R2D2Config
 from actorlearner.config import LearnerConfig
 from actorlearner.learner.learner import Learner
@@ -131,7 +131,8 @@ def test_the_learners_own_network_goes_out_in_chunks_and_loads_on_an_actor(algor
         got = wait_until(lambda: (p := link.take_policy()) and p.version == learner.version and p, 60,
                          "the policy to arrive")
         link.close()
-    actor_side = make_algorithm(algorithm, learner.observation_space, learner.action_space, learner.algorithm_config)
+    actor_side = make_spec(algorithm, learner.observation_space, learner.action_space,
+                           learner.algorithm_config).make_policy()
     actor_side.load_policy_state_dict(got.state)
     for name, tensor in learner.algorithm.policy_state_dict().items():
         assert torch.equal(actor_side.policy_state_dict()[name], tensor), name

@@ -98,8 +98,7 @@ def greedy_actions(policy, observations: list, restart: np.ndarray) -> np.ndarra
     """The algorithm's own ``act(obs, 0.0)`` over the same steps, its memory (if any) reset as in ``restart``."""
     actions = []
     for obs, starting in zip(observations, restart):
-        if hasattr(policy, "reset_memory"):
-            policy.reset_memory(starting)
+        policy.reset_memory(starting)
         actions.append(policy.act(obs, 0.0))
     return np.stack(actions)
 

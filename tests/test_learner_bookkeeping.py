@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from actorlearner import config as cfg
-from actorlearner.algorithms import make_algorithm, resolve
+from actorlearner.algorithms import make_spec, resolve
 from actorlearner.cli.common import warn_if_exposed
 from actorlearner.config import LearnerConfig
 from actorlearner.learner.learner import Learner
@@ -58,6 +58,6 @@ def test_algorithm_device_and_seed_are_the_learners_not_options():
     learner = Learner(cfg.build(cfg.LearnerConfig, environ={"ACTORLEARNER_SEED": "7", "ACTORLEARNER_DEVICE": "cpu"},
                                 algorithm=dqn))
     assert learner.algorithm.device == torch.device("cpu")
-    seeded = make_algorithm("dqn", learner.observation_space, learner.action_space, seed=7)
+    seeded = make_spec("dqn", learner.observation_space, learner.action_space).make_policy(seed=7)
     for name, value in seeded.policy_state_dict().items():
         torch.testing.assert_close(learner.algorithm.policy_state_dict()[name], value)

@@ -61,6 +61,13 @@ def onnx_actions(tmp_path, model: bytes, observations: np.ndarray) -> np.ndarray
     return np.load(tmp_path / "actions.npy")
 
 
+def learner_policy(learner: Learner):
+    """A policy acting with the learner's current weights."""
+    policy = learner.algorithm.spec.make_policy()
+    policy.load_policy_state_dict(learner.algorithm.policy_state_dict())
+    return policy
+
+
 def scramble(learner: Learner, seed: int) -> None:
     """Large random weights and a new published version, so that greedy actions vary with the observation."""
     generator = torch.Generator().manual_seed(seed)
@@ -83,14 +90,14 @@ def test_an_onnx_actor_runs_each_new_version_as_the_learner_s_greedy_policy_with
         version, model = next_model(stream)
         assert version == learner.version == 1 and learner.onnx_feed.exports == 1
         actions = onnx_actions(tmp_path, model, observations)
-        np.testing.assert_array_equal(actions, learner.algorithm.act(observations, 0.0))
+        np.testing.assert_array_equal(actions, learner_policy(learner).act(observations, 0.0))
         assert 0 < actions.mean() < 1  # both actions occur: the comparison says something
 
         scramble(learner, 2)  # a new version: the same graph with the new weights, not a new export
         version, model = next_model(stream, after=version)
         assert version == 2 and learner.onnx_feed.exports == 1
         np.testing.assert_array_equal(onnx_actions(tmp_path, model, observations),
-                                      learner.algorithm.act(observations, 0.0))
+                                      learner_policy(learner).act(observations, 0.0))
 
         second = RawStream(f"127.0.0.1:{port}", onnx_hello("onnx-actor-2"))  # joins: gets version 2 as it is
         assert second.next("welcome").welcome.policy_version == 2 and next_model(second)[0] == 2
@@ -144,8 +151,9 @@ def test_a_recurrent_policy_whose_graph_folds_weights_is_exported_again_for_each
             scramble(learner, seed)
             wait_until(lambda: learner.onnx_feed.broadcast.version == learner.version, 60, "the ONNX version")
             actions = onnx_actions(tmp_path, learner.onnx_feed.broadcast.payload, observations)
-            learner.algorithm.reset_memory(np.ones(len(observations), bool))
-            np.testing.assert_array_equal(actions, learner.algorithm.act(observations, 0.0))
+            policy = learner_policy(learner)
+            policy.reset_memory(np.ones(len(observations), bool))
+            np.testing.assert_array_equal(actions, policy.act(observations, 0.0))
             assert 0 < actions.mean() < 1
         # An LSTM's two biases fold into one constant: every version it sent was a whole export.
         assert learner.onnx_feed.exports == learner.onnx_feed.broadcast.serializations >= 2

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from test_sequence_math import reference_targets
 
-from actorlearner.algorithms import make_algorithm
+from actorlearner.algorithms import make_spec
 from actorlearner.algorithms.sequence_math import inverse_value_rescale, value_rescale
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
@@ -17,10 +17,14 @@ ACTIONS = gym.spaces.Discrete(3)
 LENGTH, BURN_IN, N_STEP = 6, 2, 3
 
 
-def make(seed: int = 0, **kw):
+def make_r2d2(**kw):
     config = {"sequence_length": LENGTH, "overlap": 3, "burn_in": BURN_IN, "n_step": N_STEP, "core_size": 8,
               "hidden_sizes": (8,), "target_update_period": 1000, **kw}
-    return make_algorithm("r2d2", OBS, ACTIONS, config, seed=seed)
+    return make_spec("r2d2", OBS, ACTIONS, config)
+
+
+def make(seed: int = 0, **kw):
+    return make_r2d2(**kw).make_trainer(seed=seed)
 
 
 def sample(algo, seed: int = 0) -> SimpleNamespace:
@@ -84,8 +88,8 @@ def test_burn_in_passes_no_gradient_except_where_the_stored_state_is_exact():
 
 
 def test_the_stored_state_is_the_one_each_sequence_was_acted_from():
-    algo = make()
-    assembler = algo.make_assembler(2)
+    algo = make_r2d2().make_policy()
+    assembler = algo.spec.make_assembler(2, algo)
     rng = np.random.default_rng(0)
     obs = rng.uniform(-1, 1, (2, 3)).astype(np.float32)
     states, items = [], []
@@ -122,10 +126,11 @@ def test_dict_observations_with_an_image_and_branched_actions_run_end_to_end():
     space = gym.spaces.Dict({"camera": gym.spaces.Box(0, 255, (12, 12, 3), np.uint8),
                              "state": gym.spaces.Box(-1, 1, (2,), np.float32)})
     actions = gym.spaces.MultiDiscrete([3, 2])
-    algo = make_algorithm("r2d2", space, actions, {"sequence_length": 4, "overlap": 2, "burn_in": 1, "core_size": 8,
-                                                   "hidden_sizes": (8,)})
-    assert algo.transition_fields()["obs/camera"] == ((5, 12, 12, 3), torch.uint8)
-    assembler, rng, items = algo.make_assembler(2), np.random.default_rng(0), []
+    spec = make_spec("r2d2", space, actions, {"sequence_length": 4, "overlap": 2, "burn_in": 1, "core_size": 8,
+                                              "hidden_sizes": (8,)})
+    algo, trainer = spec.make_policy(), spec.make_trainer()
+    assert spec.transition_fields()["obs/camera"] == ((5, 12, 12, 3), torch.uint8)
+    assembler, rng, items = spec.make_assembler(2, algo), np.random.default_rng(0), []
     obs = {"camera": rng.integers(0, 256, (2, 12, 12, 3), np.uint8), "state": np.zeros((2, 2), np.float32)}
     for _ in range(9):
         act = algo.act(obs, 0.5)
@@ -136,18 +141,20 @@ def test_dict_observations_with_an_image_and_branched_actions_run_end_to_end():
         items += [out] if out is not None else []
         obs = next_obs
     data = {k: torch.as_tensor(np.concatenate([item[k] for item in items])) for k in items[0]}
-    priorities, metrics = algo.update(SimpleNamespace(weights=torch.ones(len(data["mask"])), data=data))
+    priorities, metrics = trainer.update(SimpleNamespace(weights=torch.ones(len(data["mask"])), data=data))
     assert priorities.shape == (len(data["mask"]),) and torch.isfinite(priorities).all()
     assert np.isfinite(list(metrics.values())).all()
 
 
 def test_a_gru_core_keeps_one_state_and_learns_on_sequences():
     algo = make(core="gru")
-    assert {name for name in algo.transition_fields() if name.startswith("state/")} == {"state/h"}
+    assert {name for name in algo.spec.transition_fields() if name.startswith("state/")} == {"state/h"}
     s = sample(algo)
     del s.data["state/c"]
     first, _ = algo.update(s)
     for _ in range(200):
         last, _ = algo.update(s)
     assert last.mean() < first.mean() / 2
-    assert algo.act(np.zeros((3, 3), np.float32), 0.0).shape == (3,)
+    policy = algo.spec.make_policy()
+    policy.load_policy_state_dict(algo.policy_state_dict())
+    assert policy.act(np.zeros((3, 3), np.float32), 0.0).shape == (3,)

@@ -59,7 +59,7 @@ def test_set_changes_lr_and_epsilon_on_a_running_learner_and_its_actor_and_they_
         runner.start()
         try:
             wait_until(lambda: actor.policy_version >= 0 and learner.updates > 0, 120, "the actor streaming, training")
-            network, assembler, welcomes = actor.algorithm, actor.assembler, actor.link.welcomes
+            network, assembler, welcomes = actor.policy, actor.assembler, actor.link.welcomes
             assert actor.exploration == pytest.approx(0.4)
 
             done = set_cli(port, "dqn-lr=1e-4", "dqn-epsilon-base=0.05", "samples-per-insert=4")
@@ -71,8 +71,8 @@ def test_set_changes_lr_and_epsilon_on_a_running_learner_and_its_actor_and_they_
             wait_until(lambda: actor.exploration == pytest.approx(0.05), 60, "the actor's new epsilon")
             # Only runtime options changed: the same stream, network, weights and n-step episodes.
             assert actor.link.welcomes == welcomes + 1 and actor.link.reconnects == 0
-            assert actor.algorithm is network and actor.assembler is assembler and actor.policy_version >= 0
-            assert actor.algorithm.config.epsilon_base == 0.05
+            assert actor.policy is network and actor.assembler is assembler and actor.policy_version >= 0
+            assert actor.policy.config.epsilon_base == 0.05
             inserted = learner.inserted_batches
             wait_until(lambda: learner.inserted_batches > inserted + 2, 60, "batches after the change")
 

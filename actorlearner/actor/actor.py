@@ -15,7 +15,7 @@ import torch
 
 from actorlearner import specs, wire
 from actorlearner.actor.link import AppliedWelcome, LearnerLink, SettingsError, policy_key
-from actorlearner.algorithms import Algorithm, TransitionAssembler, make_config, resolve, retune
+from actorlearner.algorithms import Policy, TransitionAssembler, make_spec
 from actorlearner.config import ActorConfig
 from actorlearner.envs import make_env, make_vector_env
 from actorlearner.envs.multiagent import is_multi_agent, shared_spaces
@@ -49,7 +49,7 @@ class Actor:
     - a changed algorithm or ``algorithm_config`` replaces the network, and the loop acts again only
       once weights of the new session arrived; an unchanged one keeps network and weights. A
       Welcome that changes only runtime-tunable options (``actorlearner set``, on the live stream)
-      keeps network, weights and the assembler's episodes: the algorithm is retuned in place.
+      keeps network, weights and the assembler's episodes: the policy is retuned in place.
     """
 
     def __init__(self, config: ActorConfig):
@@ -71,7 +71,7 @@ class Actor:
                                 build_policy=self._build_policy)
         # What the env loop runs; only its thread changes these.
         self.session: AppliedWelcome | None = None  # the Welcome whose settings are in force
-        self.algorithm: Algorithm | None = None
+        self.policy: Policy | None = None  # the algorithm's acting part, of the session's network
         self.policy_version = -1  # -1 while the network has no weights
         self.assembler: TransitionAssembler | None = None
         self.exploration = 1.0
@@ -134,8 +134,8 @@ class Actor:
             Metric("episode_return", "Return of the last finished episode (NaN before any).", self.last_return),
         ]
 
-    def _build_policy(self, welcome: pb.Welcome) -> Algorithm:
-        """Check a Welcome's settings and build the algorithm they name (on the link's reader thread).
+    def _build_policy(self, welcome: pb.Welcome) -> Policy:
+        """Check a Welcome's settings and build a policy of the algorithm they name (on the link's reader thread).
 
         Raises SettingsError naming what this actor cannot apply.
         """
@@ -144,24 +144,23 @@ class Actor:
             if settings.batch_size < 1:
                 raise ValueError(f"batch_size must be >= 1, got {settings.batch_size}")
             wire.Codec.parse(settings.codec)
-            algorithm_class = resolve(settings.algorithm)
             hyperparameters = json.loads(settings.algorithm_config or "{}")
             if not isinstance(hyperparameters, dict):
                 raise TypeError("algorithm_config must be a JSON object")
-            algorithm = algorithm_class(self.obs_space, self.act_space, make_config(algorithm_class, hyperparameters),
-                                        device="cpu", seed=self.config.seed)
+            spec = make_spec(settings.algorithm, self.obs_space, self.act_space, hyperparameters)
+            policy = spec.make_policy(device="cpu", seed=self.config.seed)
         except (ValueError, TypeError, RuntimeError) as exc:  # what bad values make configs and torch raise
             raise SettingsError(f"{type(exc).__name__}: {exc}") from None
         if settings.HasField("league") != bool(self.agents):
             raise SettingsError(f"the learner {'keeps' if settings.HasField('league') else 'keeps no'} league but "
                                 f"this actor's env has {'several agents' if self.agents else 'one agent'}")
         built = {name: (tuple(shape), wire.np_dtype(dtype).name)
-                 for name, (shape, dtype) in algorithm.transition_fields().items()}
+                 for name, (shape, dtype) in spec.transition_fields().items()}
         expected = {f.name: (tuple(f.shape), f.dtype) for f in welcome.batch_fields}
         if built != expected:
             raise SettingsError(f"the learner expects batch fields {expected}, but {settings.algorithm} on this actor "
                                 f"makes {built}: run the same algorithm code on both")
-        return algorithm
+        return policy
 
     def _follow_learner(self) -> bool:
         """Apply the newest Welcome and weights the link holds; False while the network has no weights.
@@ -175,36 +174,36 @@ class Actor:
         if session is not None and session is not self.session:
             self._apply_session(session)
         if received is not None:
-            self.algorithm.load_policy_state_dict(received.state)
+            self.policy.load_policy_state_dict(received.state)
             self.policy_version = received.version
             self.link.hold(received)
         if self.pool is not None:
             self.pool.update(*self.link.take_league())
-            self.pool.current = (self.policy_version, self.algorithm)
+            self.pool.current = (self.policy_version, self.policy)
         return self.policy_version >= 0
 
     def _apply_session(self, session: AppliedWelcome) -> None:
         """Close out the previous session if needed, then rebuild what depends on the settings."""
         settings, previous = session.settings, self.session
-        if previous is None:
-            self.assembler = session.policy.make_assembler(self.config.num_envs)
-        elif _reshapes_batches(previous, session):
+        if previous is not None and _reshapes_batches(previous, session):
             self._collect(self.assembler.flush())
             self._send_batches(previous.settings, everything=True)
-            assembler = session.policy.make_assembler(self.config.num_envs)
-            assembler.inherit(self.assembler)
-            self.assembler = assembler
         new_network = previous is None or policy_key(settings) != policy_key(previous.settings)
         if new_network:
-            self.algorithm, self.policy_version = session.policy, -1
+            self.policy, self.policy_version = session.policy, -1
             if self.pool is not None:
-                policy = session.policy
-                self.pool.reset(lambda: type(policy)(self.obs_space, self.act_space, policy.config, device="cpu",
-                                                     seed=self.config.seed), settings.league.opponent_exploration)
+                spec = session.policy.spec
+                self.pool.reset(lambda: spec.make_policy(device="cpu", seed=self.config.seed),
+                                settings.league.opponent_exploration)
         elif settings.algorithm_config != previous.settings.algorithm_config:
-            retune(self.algorithm, session.policy.config)
+            self.policy.retune(session.policy.config)
+        if previous is None or _reshapes_batches(previous, session):
+            assembler = self.policy.spec.make_assembler(self.config.num_envs, self.policy)
+            if previous is not None:
+                assembler.inherit(self.assembler)
+            self.assembler = assembler
         num_actors = max(settings.num_actors, 1)
-        self.exploration = self.algorithm.exploration(settings.actor_index % num_actors, num_actors)
+        self.exploration = self.policy.exploration(settings.actor_index % num_actors, num_actors)
         self.session = session
         changed = ["all"] if previous is None else [
             *(["learner"] if session.learner_id != previous.learner_id else []),
@@ -232,7 +231,7 @@ class Actor:
                 continue
             if obs is None:
                 obs, _ = self.envs.reset(seed=self.config.seed)
-            actions = self.algorithm.act(obs, self.exploration)
+            actions = self.policy.act(obs, self.exploration)
             next_obs, rewards, terminated, truncated, _ = self.envs.step(actions)
             real = ~was_done  # with next-step autoreset, a step after an episode end is a reset
             self.env_steps += int(real.sum())
@@ -248,8 +247,8 @@ class Actor:
             returns[done], lengths[done] = 0.0, 0
             was_done = done
             self._collect(self.assembler.push(obs, actions, rewards, terminated, truncated, next_obs))
-            if hasattr(self.algorithm, "reset_memory") and not real.all():
-                self.algorithm.reset_memory(~real)  # autoreset envs begin episodes: a recurrent policy forgets
+            if not real.all():
+                self.policy.reset_memory(~real)  # autoreset envs begin episodes: a recurrent policy forgets
             obs = next_obs
             self._send_batches(self.session.settings)
             if time.monotonic() - last_stats >= self.config.stats_every:
@@ -289,7 +288,7 @@ class Actor:
         priorities = []
         if with_priorities:
             tensors = {k: torch.from_numpy(v) for k, v in batch.items()}
-            computed = self.algorithm.initial_priorities(tensors)
+            computed = self.policy.initial_priorities(tensors)
             priorities = [] if computed is None else computed.tolist()
         games = [pb.GameResult(opponent=g.opponent, outcome=OUTCOME_CODES[g.outcome], seat=g.seat, length=g.length)
                  for g in self._games]

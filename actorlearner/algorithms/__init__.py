@@ -1,10 +1,12 @@
-"""RL algorithms behind one small protocol (`Algorithm`), resolved by name in `registry`."""
+"""RL algorithms as a spec, a policy and a trainer (`base`), resolved by name in `registry`."""
 
 from actorlearner.algorithms.base import (
            RUNTIME,
-           Algorithm,
+           AlgorithmSpec,
            FlatState,
+           Policy,
            SampleLike,
+           Trainer,
            TransitionAssembler,
            TransitionFields,
 )
@@ -12,11 +14,11 @@ from actorlearner.algorithms.registry import (
            AlgorithmError,
            config_json,
            fixed_config_json,
-           make_algorithm,
            make_config,
+           make_spec,
            resolve,
-           retune,
 )
 
-__all__ = ["RUNTIME", "Algorithm", "AlgorithmError", "FlatState", "SampleLike", "TransitionAssembler",
-           "TransitionFields", "config_json", "fixed_config_json", "make_algorithm", "make_config", "resolve", "retune"]
+__all__ = ["RUNTIME", "AlgorithmError", "AlgorithmSpec", "FlatState", "Policy", "SampleLike", "Trainer",
+           "TransitionAssembler", "TransitionFields", "config_json", "fixed_config_json", "make_config", "make_spec",
+           "resolve"]

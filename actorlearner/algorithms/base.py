@@ -1,19 +1,21 @@
-"""The `Algorithm` protocol: all the learner and the actors know about an RL algorithm.
+"""An algorithm in three parts, as Acme's builders split it: a spec, a policy and a trainer.
 
-An algorithm is a builder in the Acme sense. From the env's spaces and its config
-dataclass it makes its networks, names its replay fields, assembles transitions on the
-actor (`make_assembler`), acts, updates, and gives the state dicts that are broadcast and
-checkpointed. The learner calls `update`, checkpoints `state_dict` and broadcasts
-`policy_state_dict`; an actor calls `act`, `initial_priorities` and `make_assembler`, and
-loads what the learner broadcasts. Nothing else is shared: the actor, the learner, `run`
-and the config know no algorithm by name (see `registry`).
+The spec (`AlgorithmSpec`, what the registry resolves by name) is built from the env's
+spaces and the algorithm's config: it names the replay items, makes the actor-side
+assembler and builds the other two parts. A `Policy` is all that acts (actors, the
+evaluator, league opponents, export, the ONNX feed): the networks acting needs and
+nothing else. A `Trainer` is all that learns (the learner only): `update`, its optimizers
+and target networks, the weights it publishes and the state it checkpoints. The actor,
+the learner, `run` and the config know no algorithm by name (see `registry`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Protocol, TypeVar
 
+import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -24,6 +26,7 @@ from actorlearner.config import RUNTIME  # noqa: F401  (algorithm configs mark f
 TransitionFields = dict[str, tuple[tuple[int, ...], torch.dtype]]
 # Checkpointable state: flat names -> tensors or plain numbers; storable without pickle.
 FlatState = dict[str, Tensor | int | float]
+T = TypeVar("T")
 
 
 class SampleLike(Protocol):
@@ -50,85 +53,161 @@ class TransitionAssembler(Protocol):
         ...
 
 
-@runtime_checkable
-class Algorithm(Protocol):
-    """An off-policy algorithm, split between the actor side and the learner side.
+class AlgorithmSpec(ABC):
+    """An off-policy algorithm for one pair of spaces and one config: what both sides agree on.
 
-    Constructed as ``cls(observation_space, action_space, config, device=..., seed=...)``;
-    raises `actorlearner.networks.UnsupportedSpace` naming a space it cannot learn from.
-    Optionally a class attribute ``learner_defaults`` maps learner options (LearnerConfig
-    fields) to the values it learns best with; they replace the learner's own defaults, and
-    a flag, env var or TOML value still wins over them. A recurrent algorithm also has
-    ``reset_memory(envs)``: the actor and the evaluator call it with a mask [E] of the envs
-    whose episodes begin, before it acts on their first observations.
-
-    Optionally, ``export_policy()`` returns the greedy policy (what ``act(obs, 0.0)`` does) as
-    an ``nn.Module`` in eval mode on the algorithm's own networks, for ``actorlearner export``
-    and the learner's ONNX feed, which call it on a CPU algorithm of their own: its forward takes the
-    observation leaves as positional tensors in `leaf_spaces` order (env dtypes, batch first)
-    and returns the env actions [B, *shape] in the action space's dtype. A recurrent policy's
-    module also has ``state_sizes`` (state name -> width): its forward takes those states
-    [B, width] after the leaves and returns the new ones after the actions; they are zero at
-    an episode's start.
+    Constructed as ``cls(observation_space, action_space, config)``; raises
+    `actorlearner.networks.UnsupportedSpace` naming a space it cannot learn from. The class
+    attribute ``learner_defaults`` maps learner options (LearnerConfig fields) to the values
+    it learns best with; they replace the learner's own defaults, and a flag, env var or TOML
+    value still wins over them.
 
     Config fields marked ``metadata=RUNTIME`` may change while training runs (``actorlearner
-    set``): they must not shape the networks or the replay items. The learner and each actor
-    then call the optional ``retune(config)`` with the new config (without it, ``config`` is
-    simply replaced); it applies what the algorithm keeps elsewhere, such as an optimizer's lr.
-
-    Data-parallel learners (``--world-size``) average the gradients before every step of each
-    ``torch.optim.Optimizer`` the algorithm owns: its attributes that are one, and those the
-    optional ``optimizers()`` returns (name -> optimizer); an optimizer kept anywhere else must
-    be named there. `update` must step the same optimizers on every rank (decided by counters,
-    not by the sample) and change state outside them only from the state itself (target copies,
-    Polyak averaging), never from the sample: batch-norm statistics would part the ranks.
+    set``): they must not shape the networks or the replay items, so the spec keeps the
+    config it was built with, and the policies and trainers it made are retuned instead.
     """
 
     name: ClassVar[str]
     """Short name: prefix of its options (``--dqn-lr``) and its TOML table (``[dqn]``)."""
     config_class: ClassVar[type]
     """Its config dataclass: each field documented by the string under it, plain values only."""
+    learner_defaults: ClassVar[Mapping[str, Any]] = {}
 
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: Any = None):
+        self.observation_space, self.action_space = observation_space, action_space
+        self.config = self.config_class() if config is None else config
+
+    @abstractmethod
     def transition_fields(self) -> TransitionFields:
         """The replay item layout: field name -> (shape, dtype); actors send exactly these."""
-        ...
 
-    def make_assembler(self, num_envs: int) -> TransitionAssembler:
-        """The actor-side assembler of replay items for a vector env of ``num_envs``."""
-        ...
+    @abstractmethod
+    def make_assembler(self, num_envs: int, policy: Policy) -> TransitionAssembler:
+        """The assembler of replay items for a vector env of ``num_envs`` that ``policy`` acts in."""
 
+    @abstractmethod
+    def make_policy(self, *, device: str | torch.device = "cpu", seed: int = 0) -> Policy:
+        """A policy with the seeded initial weights (the trainer's, for the same seed)."""
+
+    @abstractmethod
+    def make_trainer(self, *, device: str | torch.device = "cpu", seed: int = 0) -> Trainer:
+        """The learner's trainer, its networks seeded as `make_policy`'s."""
+
+
+class Policy(ABC):
+    """Acts: what actors, the evaluator, league opponents, export and the ONNX feed hold.
+
+    It owns only what acting needs (no target network, no optimizer) and loads the weights
+    the trainer publishes. A recurrent policy overrides `reset_memory`; an exportable one
+    overrides `export_policy`.
+    """
+
+    def __init__(self, spec: AlgorithmSpec, *, device: str | torch.device = "cpu"):
+        self.spec, self.config, self.device = spec, spec.config, torch.device(device)
+
+    @abstractmethod
     def exploration(self, actor_index: int, num_actors: int) -> float:
         """The exploration parameter actor ``actor_index`` of ``num_actors`` passes to `act`."""
-        ...
 
-    def act(self, obs: Any, exploration: float) -> np.ndarray:
+    @abstractmethod
+    def act(self, obs: Any, exploration: Any) -> np.ndarray:
         """Actions for a batch of observations as the vector env returns them; exploration 0 is greedy."""
-        ...
 
     def initial_priorities(self, fields: Mapping[str, Tensor]) -> Tensor | None:
-        """Replay priorities [B] for freshly collected items (Ape-X actor side); None leaves them to
-        the learner (its maximum priority)."""
-        ...
+        """Replay priorities [B] for freshly collected items (Ape-X actor side); None (the default)
+        leaves them to the learner (its maximum priority)."""
+        return None
 
+    @abstractmethod
+    def policy_state_dict(self) -> dict[str, Tensor]:
+        """CPU tensor copies of the acting networks: what `Trainer.policy_state_dict` publishes."""
+
+    @abstractmethod
+    def load_policy_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        """Load what `Trainer.policy_state_dict` published."""
+
+    def reset_memory(self, envs: np.ndarray) -> None:
+        """Forget the memory of the envs a mask [E] marks, before acting on their episodes' first
+        observations; nothing to forget by default (a feed-forward policy)."""
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether it keeps memory per env (overrides `reset_memory`): each game needs its own copy."""
+        return type(self).reset_memory is not Policy.reset_memory
+
+    def export_policy(self) -> nn.Module:
+        """The greedy policy (what ``act(obs, 0.0)`` does) as an ``nn.Module`` in eval mode on the
+        policy's own networks, for ``actorlearner export`` and the learner's ONNX feed.
+
+        Its forward takes the observation leaves as positional tensors in `leaf_spaces` order
+        (env dtypes, batch first) and returns the env actions [B, *shape] in the action space's
+        dtype. A recurrent policy's module also has ``state_sizes`` (state name -> width): its
+        forward takes those states [B, width] after the leaves and returns the new ones after
+        the actions; they are zero at an episode's start. Not exportable by default.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no export_policy")
+
+    @property
+    def can_export(self) -> bool:
+        """Whether it overrides `export_policy`."""
+        return type(self).export_policy is not Policy.export_policy
+
+    def retune(self, config: Any) -> None:
+        """Take a config that differs only in runtime-tunable options."""
+        self.config = config
+
+
+class Trainer(ABC):
+    """Learns: the learner's part, and only the learner's. `update` is the hot step.
+
+    Data-parallel learners (``--world-size``) average the gradients before every step of each
+    optimizer `optimizers` names. `update` must step the same optimizers on every rank
+    (decided by counters, not by the sample) and change state outside them only from the
+    state itself (target copies, Polyak averaging), never from the sample: batch-norm
+    statistics would part the ranks.
+    """
+
+    def __init__(self, spec: AlgorithmSpec, *, device: str | torch.device = "cpu"):
+        self.spec, self.config, self.device = spec, spec.config, torch.device(device)
+
+    @abstractmethod
     def update(self, sample: SampleLike) -> tuple[Tensor, dict[str, float]]:
         """One gradient step; returns new priorities [B] and scalar metrics."""
-        ...
 
+    @abstractmethod
     def policy_state_dict(self) -> dict[str, Tensor]:
-        """What actors need to act: CPU tensor copies of the policy network."""
-        ...
+        """What actors need to act: CPU tensor copies of the policy's networks."""
 
-    def load_policy_state_dict(self, state: Mapping[str, Tensor]) -> None:
-        """Load what `policy_state_dict` produced (actor side)."""
-        ...
-
+    @abstractmethod
     def state_dict(self) -> FlatState:
         """Everything the learner must checkpoint, as a flat dict of tensors and numbers."""
-        ...
 
+    @abstractmethod
     def load_state_dict(self, state: Mapping[str, Tensor | int | float]) -> None:
         """Restore what `state_dict` produced."""
-        ...
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """Every torch optimizer it owns, by name; by default its attributes that are one."""
+        return {name: value for name, value in vars(self).items() if isinstance(value, torch.optim.Optimizer)}
+
+    def retune(self, config: Any) -> None:
+        """Take a config that differs only in runtime-tunable options (an override also applies
+        what it keeps elsewhere, such as an optimizer's lr)."""
+        self.config = config
+
+
+def follow_lr(trainer: Trainer, lr: float) -> None:
+    """Every optimizer of ``trainer`` steps with ``lr`` from now on."""
+    for optimizer in trainer.optimizers().values():
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
+
+def seeded(seed: int, build: Callable[[], T]) -> T:
+    """``build()`` under ``seed`` without touching the global RNG: policy and trainer get the same weights."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
 
 
 def torch_dtype(dtype: np.dtype | type) -> torch.dtype:
@@ -139,6 +218,16 @@ def torch_dtype(dtype: np.dtype | type) -> torch.dtype:
 def cpu_copy(t: Tensor) -> Tensor:
     """A detached CPU copy: what state dicts hand out, never a view of live parameters."""
     return t.detach().to("cpu", copy=True)
+
+
+def weights(module: nn.Module) -> dict[str, Tensor]:
+    """CPU copies of a network's state dict: the policy state dicts that trainers publish and policies hand out."""
+    return {name: cpu_copy(t) for name, t in module.state_dict().items()}
+
+
+def load_weights(module: nn.Module, state: Mapping[str, Any]) -> None:
+    """Load what `weights` made (or the same decoded off the wire) into ``module``."""
+    module.load_state_dict({name: torch.as_tensor(t) for name, t in state.items()})
 
 
 def check_common_config(config: Any) -> None:

@@ -3,11 +3,12 @@
 Actions live in the unit box [-1, 1]^A inside the networks and are rescaled per dimension to
 the env's own bounds, ``a = low + (u + 1) / 2 * (high - low)``, so asymmetric and per-dimension
 bounds are exact and nothing an actor sends can leave them. Critics read the unit action.
-Actors receive the actor network only; new items go in at the learner's maximum priority.
+Policies hold the actor network only; new items go in at the learner's maximum priority.
 """
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -19,14 +20,20 @@ from torch import Tensor, nn
 
 from actorlearner.algorithms.base import (
     RUNTIME,
+    AlgorithmSpec,
     FlatState,
+    Policy,
     SampleLike,
+    Trainer,
     TransitionFields,
     check_common_config,
-    cpu_copy,
+    follow_lr,
     load_modules_state,
+    load_weights,
     modules_state,
+    seeded,
     torch_dtype,
+    weights,
 )
 from actorlearner.algorithms.nstep import NStepAssembler, nstep_fields
 from actorlearner.networks import (
@@ -91,114 +98,152 @@ class Critic(nn.Module):
         return self.mlp(torch.cat([self.encoder(obs), action], dim=-1)).squeeze(-1)
 
 
+class UnitBox:
+    """Exact rescaling between the unit box [-1, 1]^A and a Box space's bounds, on one device."""
+
+    def __init__(self, space: gym.spaces.Box, device: torch.device):
+        self.low = torch.as_tensor(space.low.reshape(-1), dtype=torch.float32, device=device)
+        self.high = torch.as_tensor(space.high.reshape(-1), dtype=torch.float32, device=device)
+
+    def to_env(self, unit: Tensor) -> Tensor:
+        """Unit-box actions rescaled to the bounds; the clamp absorbs float rounding at the edges."""
+        return (self.low + (unit + 1) * 0.5 * (self.high - self.low)).clamp(self.low, self.high)
+
+    def to_unit(self, action: Tensor) -> Tensor:
+        return ((action - self.low) / (self.high - self.low) * 2 - 1).clamp(-1, 1)
+
+
 class Batch:
     """A replay sample on the device: observation leaves, unit actions [B, A], rewards, discounts, IS weights."""
 
-    def __init__(self, algorithm: ContinuousActorCritic, sample: SampleLike):
-        data = {name: torch.as_tensor(value, device=algorithm.device) for name, value in sample.data.items()}
-        leaves = algorithm.observation_leaves
+    def __init__(self, trainer: ContinuousTrainer, sample: SampleLike):
+        data = {name: torch.as_tensor(value, device=trainer.device) for name, value in sample.data.items()}
+        leaves = trainer.spec.observation_leaves
         self.obs = {key: data[field_name("obs", key)] for key in leaves}
         self.next_obs = {key: data[field_name("next_obs", key)] for key in leaves}
         self.reward = data["reward"].float()
         self.discount = data["discount"].float()
-        self.action = algorithm.to_unit(data["action"].reshape(len(self.reward), -1).float())
-        self.weights = torch.as_tensor(sample.weights, device=algorithm.device, dtype=torch.float32)
+        self.action = trainer.box.to_unit(data["action"].reshape(len(self.reward), -1).float())
+        self.weights = torch.as_tensor(sample.weights, device=trainer.device, dtype=torch.float32)
 
 
 class GreedyBoxPolicy(nn.Module):
     """What `export_policy` hands out: observation leaves (positional, in leaf order) -> the env actions
-    `act` takes at exploration 0, computed by the algorithm's own `unit_action` and `to_env`."""
+    `act` takes at exploration 0, computed by the policy's own `unit_action` and `to_env`."""
 
-    def __init__(self, algorithm: ContinuousActorCritic):
+    def __init__(self, policy: ContinuousPolicy):
         super().__init__()
-        self.policy = algorithm
-        self.actor = algorithm.actor  # a submodule: the module's state dict is the actor's weights
-        self.keys = tuple(algorithm.observation_leaves)
-        self.action_shape, self.action_dtype = algorithm.action_shape, torch_dtype(algorithm.action_space.dtype)
+        self.policy = policy
+        self.actor = policy.actor  # a submodule: the module's state dict is the actor's weights
+        self.keys = tuple(policy.spec.observation_leaves)
+        self.action_shape, self.action_dtype = policy.spec.action_shape, torch_dtype(policy.spec.action_space.dtype)
 
     def forward(self, *leaves: Tensor) -> Tensor:
-        actions = self.policy.to_env(self.policy.unit_action(dict(zip(self.keys, leaves)), 0.0))
+        actions = self.policy.box.to_env(self.policy.unit_action(dict(zip(self.keys, leaves)), 0.0))
         return actions.reshape(actions.shape[0], *self.action_shape).to(self.action_dtype)
 
 
-class ContinuousActorCritic:
-    """Base of the Box-action actor-critics; a subclass makes its actor and writes `unit_action` and
-    `update`. Its config class extends `ContinuousConfig`."""
+class ContinuousSpec(AlgorithmSpec):
+    """Spec of the Box-action actor-critics; a subclass makes its actor. Its config class extends
+    `ContinuousConfig`."""
 
-    name: ClassVar[str]
-    config_class: ClassVar[type]
     learner_defaults: ClassVar[Mapping[str, Any]] = LEARNER_DEFAULTS
 
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: Any = None, *,
-                 device: str | torch.device = "cpu", seed: int = 0):
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: Any = None):
         label = self.name.upper()
         if not isinstance(action_space, gym.spaces.Box) or action_space.dtype.kind != "f":
             raise UnsupportedSpace("action", action_space, reason=f"{label} needs a float Box action space")
         if not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
             raise UnsupportedSpace("action", action_space, reason=f"{label} needs finite action bounds")
-        self.config = config or self.config_class()
-        self.observation_space, self.action_space = observation_space, action_space
+        super().__init__(observation_space, action_space, config)
         self.observation_leaves = leaf_fields(observation_space)  # raises UnsupportedSpace naming the space
         self.action_shape = tuple(action_space.shape)
         self.action_dim = int(np.prod(self.action_shape))
-        self.device = torch.device(device)
-        self.low = torch.as_tensor(action_space.low.reshape(-1), dtype=torch.float32, device=self.device)
-        self.high = torch.as_tensor(action_space.high.reshape(-1), dtype=torch.float32, device=self.device)
-        with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
-            torch.manual_seed(seed)
-            self.actor = self.make_actor()
-            self.critics = nn.ModuleList(self._critic() for _ in range(2))
-            self.target_critics = nn.ModuleList(self._critic() for _ in range(2))
-        self.target_critics.load_state_dict(self.critics.state_dict())
-        self.target_critics.requires_grad_(False)
-        for net in (self.actor, self.critics, self.target_critics):
-            net.to(self.device)
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=self.config.lr)
-        self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=self.config.lr)
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.num_updates = 0
-        self._random_left = self.config.random_steps
 
+    @abstractmethod
     def make_actor(self) -> nn.Module:
         """The policy network, built under the seeded RNG; it is all that actors receive."""
-        raise NotImplementedError
 
-    def unit_action(self, obs: Mapping[str, Tensor], exploration: float) -> Tensor:
-        """Actions in [-1, 1]^A [B, A]: exploring when ``exploration`` > 0, the evaluation action at 0."""
-        raise NotImplementedError
-
-    def _critic(self) -> Critic:
+    def make_critic(self) -> Critic:
         return Critic(self.observation_space, self.action_dim, self.config.hidden_sizes, self.config.channel_order)
 
     def transition_fields(self) -> TransitionFields:
         return nstep_fields(self.observation_space, self.action_shape, torch.float32)
 
-    # ------------------------------------------------------------ actor side
-
-    def make_assembler(self, num_envs: int) -> NStepAssembler:
+    def make_assembler(self, num_envs: int, policy: Policy) -> NStepAssembler:
         return NStepAssembler(num_envs, self.config.n_step, self.config.gamma, self.observation_space,
                               self.action_shape, np.float32)
+
+
+class SeededNoise:
+    """A torch generator of its own, seeded: exploration and target noise never touch the global RNG."""
+
+    def __init__(self, device: torch.device, seed: int):
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def noise(self, shape: tuple[int, ...]) -> Tensor:
+        """Standard normal noise from the seeded generator."""
+        return torch.randn(shape, generator=self.generator, device=self.generator.device)
+
+
+class ContinuousPolicy(SeededNoise, Policy):
+    """The actor network; a subclass writes `unit_action` and `exploration`."""
+
+    def __init__(self, spec: ContinuousSpec, *, device: str | torch.device = "cpu", seed: int = 0):
+        Policy.__init__(self, spec, device=device)
+        self.actor = seeded(seed, spec.make_actor).to(self.device)
+        self.box = UnitBox(spec.action_space, self.device)
+        SeededNoise.__init__(self, self.device, seed)
+        self._random_left = self.config.random_steps
+
+    @abstractmethod
+    def unit_action(self, obs: Mapping[str, Tensor], exploration: float) -> Tensor:
+        """Actions in [-1, 1]^A [B, A]: exploring when ``exploration`` > 0, the evaluation action at 0."""
 
     @torch.no_grad()
     def act(self, obs: Any, exploration: float) -> np.ndarray:
         """Actions inside the env's bounds [E, *shape]; uniform over them for the first ``random_steps``
         exploring calls, then `unit_action`'s."""
+        spec = self.spec
         leaves = {key: torch.as_tensor(array, device=self.device)
-                  for key, array in leaf_arrays(self.observation_space, obs).items()}
+                  for key, array in leaf_arrays(spec.observation_space, obs).items()}
         if exploration > 0 and self._random_left > 0:
             self._random_left -= 1
             batch = len(next(iter(leaves.values())))
-            unit = torch.rand((batch, self.action_dim), generator=self.generator, device=self.device) * 2 - 1
+            unit = torch.rand((batch, spec.action_dim), generator=self.generator, device=self.device) * 2 - 1
         else:
             unit = self.unit_action(leaves, exploration)
-        actions = self.to_env(unit).cpu().numpy()
-        return actions.reshape(len(actions), *self.action_shape).astype(self.action_space.dtype)
+        actions = self.box.to_env(unit).cpu().numpy()
+        return actions.reshape(len(actions), *spec.action_shape).astype(spec.action_space.dtype)
 
-    def initial_priorities(self, fields: Mapping[str, Tensor]) -> None:
-        """None: actors hold no critics, so new items go in at the learner's maximum priority."""
-        return None
+    def export_policy(self) -> nn.Module:
+        """The evaluation policy (exploration 0) on the actor itself, in eval mode (see `Policy`)."""
+        return GreedyBoxPolicy(self).train(False)
 
-    # ------------------------------------------------------------ learner side
+    def policy_state_dict(self) -> dict[str, Tensor]:
+        return weights(self.actor)
+
+    def load_policy_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        load_weights(self.actor, state)
+
+
+class ContinuousTrainer(SeededNoise, Trainer):
+    """The actor, twin critics and their Polyak targets, an Adam optimizer each; a subclass writes `update`."""
+
+    def __init__(self, spec: ContinuousSpec, *, device: str | torch.device = "cpu", seed: int = 0):
+        Trainer.__init__(self, spec, device=device)
+        self.actor, self.critics, self.target_critics = seeded(seed, lambda: (
+            spec.make_actor(), nn.ModuleList(spec.make_critic() for _ in range(2)),
+            nn.ModuleList(spec.make_critic() for _ in range(2))))
+        self.target_critics.load_state_dict(self.critics.state_dict())
+        self.target_critics.requires_grad_(False)
+        for net in (self.actor, self.critics, self.target_critics):
+            net.to(self.device)
+        self.box = UnitBox(spec.action_space, self.device)
+        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=self.config.lr)
+        self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=self.config.lr)
+        SeededNoise.__init__(self, self.device, seed)
+        self.num_updates = 0
 
     def critic_step(self, batch: Batch, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """One IS-weighted step of both critics toward ``target`` [B]; returns (|TD| mean of the twins, loss, Q1)."""
@@ -220,35 +265,13 @@ class ContinuousActorCritic:
         for target_param, param in zip(targets.parameters(), online.parameters()):
             target_param.lerp_(param, self.config.tau)
 
-    def noise(self, shape: tuple[int, ...]) -> Tensor:
-        """Standard normal noise from the algorithm's own seeded generator."""
-        return torch.randn(shape, generator=self.generator, device=self.device)
-
-    def to_env(self, unit: Tensor) -> Tensor:
-        """Unit-box actions rescaled to the bounds; the clamp absorbs float rounding at the edges."""
-        return (self.low + (unit + 1) * 0.5 * (self.high - self.low)).clamp(self.low, self.high)
-
-    def to_unit(self, action: Tensor) -> Tensor:
-        return ((action - self.low) / (self.high - self.low) * 2 - 1).clamp(-1, 1)
-
-    # ------------------------------------------------------------ state
-
     def retune(self, config: Any) -> None:
         """Take a config with other runtime-tunable options; every optimizer's lr follows it."""
-        self.config = config
-        for optimizer in self.optimizers().values():
-            for group in optimizer.param_groups:
-                group["lr"] = config.lr
-
-    def export_policy(self) -> nn.Module:
-        """The evaluation policy (exploration 0) on the actor itself, in eval mode (see `Algorithm`)."""
-        return GreedyBoxPolicy(self).train(False)
+        super().retune(config)
+        follow_lr(self, config.lr)
 
     def policy_state_dict(self) -> dict[str, Tensor]:
-        return {name: cpu_copy(t) for name, t in self.actor.state_dict().items()}
-
-    def load_policy_state_dict(self, state: Mapping[str, Tensor]) -> None:
-        self.actor.load_state_dict({name: torch.as_tensor(t) for name, t in state.items()})
+        return weights(self.actor)
 
     def modules(self) -> dict[str, nn.Module]:
         """Every network checkpointed, by state prefix."""

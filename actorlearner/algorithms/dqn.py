@@ -22,27 +22,16 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from actorlearner.algorithms.base import (
-    RUNTIME,
-    FlatState,
-    SampleLike,
-    TransitionFields,
-    check_common_config,
-    cpu_copy,
-    load_modules_state,
-    modules_state,
-    torch_dtype,
-)
+from actorlearner.algorithms.apex import ApeXPolicy, ApeXSpec, ApeXTrainer
+from actorlearner.algorithms.base import RUNTIME, Policy, SampleLike, TransitionFields, check_common_config
 from actorlearner.algorithms.nstep import NStepAssembler, nstep_fields
 from actorlearner.networks import (
     ActionBranches,
     BranchingDuelingHead,
     ObservationEncoder,
-    action_branches,
     action_mask_key,
     field_name,
     leaf_arrays,
-    leaf_fields,
     mask_q,
 )
 
@@ -113,15 +102,6 @@ def double_q_learning(
     return target.unsqueeze(-1) - q_tm1.gather(-1, a_tm1.unsqueeze(-1)).squeeze(-1)
 
 
-def apex_epsilons(num_actors: int, base: float = 0.4, alpha: float = 7.0) -> list[float]:
-    """Ape-X per-actor exploration: eps_i = base ** (1 + alpha * i / (N - 1)); N == 1 gives [base]."""
-    if num_actors < 1:
-        raise ValueError(f"num_actors must be >= 1, got {num_actors}")
-    if num_actors == 1:
-        return [base]
-    return [base ** (1.0 + alpha * i / (num_actors - 1)) for i in range(num_actors)]
-
-
 # ---------------------------------------------------------------- network
 
 
@@ -140,140 +120,73 @@ class QNetwork(nn.Module):
         return q if self.mask_key is None else mask_q(q, obs[self.mask_key])
 
 
-class GreedyQPolicy(nn.Module):
-    """What `export_policy` hands out: observation leaves (positional, in leaf order) -> greedy env actions."""
-
-    def __init__(self, network: nn.Module, keys: tuple[str, ...], branches: ActionBranches):
-        super().__init__()
-        self.network, self.keys = network, keys
-        self.action_shape, self.action_dtype = branches.shape, torch_dtype(branches.dtype)
-        self.register_buffer("starts", torch.tensor(branches.starts, dtype=torch.long), persistent=False)
-
-    def forward(self, *leaves: Tensor) -> Tensor:
-        return self.actions(self.network(dict(zip(self.keys, leaves))))
-
-    def actions(self, q: Tensor) -> Tensor:
-        """Q values [B, D, N] -> the greedy env actions [B, *shape], as `ActionBranches.from_indices` makes them."""
-        actions = (q.argmax(dim=-1) + self.starts).to(self.action_dtype)
-        return actions.reshape(q.shape[0], *self.action_shape)
-
-
 # ---------------------------------------------------------------- algorithm
 
 
-class ApeXQLearner:
-    """What Ape-X DQN and R2D2 share: an online and a target Q network, one Adam optimizer,
-    per-actor Ape-X epsilons, epsilon-greedy over all action branches together, and state.
-
-    A subclass sets ``config`` (with ``epsilon_base`` and ``epsilon_alpha``), ``branches``,
-    ``online``, ``target``, ``optimizer``, ``num_updates``, ``_obs_leaves`` and ``_rng``, and
-    ``greedy_policy`` if its online network needs another export wrapper than `GreedyQPolicy`.
-    """
-
-    greedy_policy: ClassVar[type[GreedyQPolicy]] = GreedyQPolicy
-
-    def exploration(self, actor_index: int, num_actors: int) -> float:
-        """Actor i's Ape-X epsilon."""
-        num_actors = max(num_actors, 1)
-        return apex_epsilons(num_actors, self.config.epsilon_base, self.config.epsilon_alpha)[actor_index % num_actors]
-
-    def epsilon_greedy(self, greedy: np.ndarray, exploration: np.ndarray | float,
-                       legal: Tensor | None = None) -> np.ndarray:
-        """Env actions from greedy branch indices [E, D]: each row all random with probability ``exploration``
-        (uniform over the actions ``legal`` [E, N] marks 1, when the observation masks actions)."""
-        n = greedy.shape[0]
-        explore = self._rng.random(n) < np.broadcast_to(np.asarray(exploration, dtype=np.float64), (n,))
-        if legal is not None:
-            random_actions = (self._rng.random(legal.shape) * (legal.cpu().numpy() >= 0.5)).argmax(-1)[:, None]
-        else:
-            random_actions = (self._rng.random(greedy.shape) * np.asarray(self.branches.sizes)).astype(np.int64)
-        return self.branches.from_indices(np.where(explore[:, None], random_actions, greedy))
-
-    def retune(self, config: Any) -> None:
-        """Take a config with other runtime-tunable options; the optimizer's lr follows it."""
-        self.config = config
-        for group in self.optimizer.param_groups:
-            group["lr"] = config.lr
-
-    def export_policy(self) -> nn.Module:
-        """The greedy policy on the online network itself, in eval mode (see `Algorithm`)."""
-        return self.greedy_policy(self.online, tuple(self._obs_leaves), self.branches).train(False)
-
-    def policy_state_dict(self) -> dict[str, Tensor]:
-        return {name: cpu_copy(t) for name, t in self.online.state_dict().items()}
-
-    def load_policy_state_dict(self, state: Mapping[str, Tensor]) -> None:
-        self.online.load_state_dict({name: torch.as_tensor(t) for name, t in state.items()})
-
-    def state_dict(self) -> FlatState:
-        """Flat names -> CPU tensors / ints: `online.*`, `target.*`, `optimizer.<param>.<slot>`, `num_updates`."""
-        return {**modules_state(self._modules(), {"optimizer": self.optimizer}), "num_updates": self.num_updates}
-
-    def load_state_dict(self, state: Mapping[str, Tensor | int | float]) -> None:
-        load_modules_state(state, self._modules(), {"optimizer": self.optimizer}, ("num_updates",))
-        self.num_updates = int(state["num_updates"])
-
-    def _modules(self) -> dict[str, nn.Module]:
-        return {"online": self.online, "target": self.target}
-
-
-class DQN(ApeXQLearner):
+class DQN(ApeXSpec):
     """Ape-X DQN over any supported observation space and discrete (possibly branched) actions."""
 
     name: ClassVar[str] = "dqn"
     config_class: ClassVar[type] = DQNConfig
-
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: DQNConfig | None = None, *,
-                 device: str | torch.device = "cpu", seed: int = 0):
-        self.config = config or DQNConfig()
-        self.observation_space = observation_space
-        self.branches = action_branches(action_space)
-        self._obs_leaves = leaf_fields(observation_space)  # raises UnsupportedSpace naming the space
-        self.device = torch.device(device)
-        self.num_updates = 0
-        with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
-            torch.manual_seed(seed)
-            self.online = QNetwork(observation_space, self.branches, self.config)
-            self.target = QNetwork(observation_space, self.branches, self.config)
-        self.target.load_state_dict(self.online.state_dict())
-        self.target.requires_grad_(False)
-        self.online.to(self.device)
-        self.target.to(self.device)
-        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=self.config.lr)
-        self._rng = np.random.default_rng(seed)
 
     def transition_fields(self) -> TransitionFields:
         """One field per observation leaf in its own dtype (uint8 frames stay 4x smaller), then the
         action (branch values, int64), n-step reward and discount, and the next observation."""
         return nstep_fields(self.observation_space, self.branches.shape, torch.int64)
 
-    # ------------------------------------------------------------ actor side
-
-    def make_assembler(self, num_envs: int) -> NStepAssembler:
+    def make_assembler(self, num_envs: int, policy: Policy) -> NStepAssembler:
         return NStepAssembler(num_envs, self.config.n_step, self.config.gamma, self.observation_space,
                               self.branches.shape, np.int64)
+
+    def make_network(self) -> QNetwork:
+        return QNetwork(self.observation_space, self.branches, self.config)
+
+    def make_policy(self, *, device: str | torch.device = "cpu", seed: int = 0) -> DQNPolicy:
+        return DQNPolicy(self, device=device, seed=seed)
+
+    def make_trainer(self, *, device: str | torch.device = "cpu", seed: int = 0) -> DQNTrainer:
+        return DQNTrainer(self, device=device, seed=seed)
+
+    def unpack(self, fields: Mapping[str, Tensor], device: torch.device):
+        """(obs leaves, branch indices [B, D], reward, discount, next-obs leaves) on ``device``."""
+        def get(name: str) -> Tensor:
+            return torch.as_tensor(fields[name], device=device)
+
+        return (
+            {key: get(field_name("obs", key)) for key in self.observation_leaves},
+            self.branches.to_indices(get("action")),
+            get("reward").float(),
+            get("discount").float(),
+            {key: get(field_name("next_obs", key)) for key in self.observation_leaves},
+        )
+
+
+class DQNPolicy(ApeXPolicy):
+    """Epsilon-greedy on the online Q network; Ape-X initial priorities from it alone."""
 
     @torch.no_grad()
     def act(self, obs: Any, exploration: np.ndarray | float) -> np.ndarray:
         """Epsilon-greedy actions (all branches random together) in the env's action values."""
         leaves = {key: torch.as_tensor(array, device=self.device)
-                  for key, array in leaf_arrays(self.observation_space, obs).items()}
+                  for key, array in leaf_arrays(self.spec.observation_space, obs).items()}
         legal = leaves[self.online.mask_key] if self.online.mask_key else None
         return self.epsilon_greedy(self.online(leaves).argmax(dim=-1).cpu().numpy(), exploration, legal)
 
     @torch.no_grad()
     def initial_priorities(self, fields: Mapping[str, Tensor]) -> Tensor:
         """|TD| + eps [B] with the online net as both selector and evaluator (actors hold no target)."""
-        obs, a_tm1, r_t, discount_t, next_obs = self._unpack(fields)
+        obs, a_tm1, r_t, discount_t, next_obs = self.spec.unpack(fields, self.device)
         q_t = self.online(next_obs)
         td = double_q_learning(self.online(obs), a_tm1, r_t, discount_t, q_t, q_t)
         return td.abs().mean(dim=-1) + self.config.priority_eps
 
-    # ------------------------------------------------------------ learner side
+
+class DQNTrainer(ApeXTrainer):
+    """Double DQN steps on the IS-weighted Huber loss, the target synced every `target_update_period`."""
 
     def update(self, sample: SampleLike) -> tuple[Tensor, dict[str, float]]:
         """One Adam step on the IS-weighted Huber loss (mean over branches); returns (|TD| + eps [B], metrics)."""
-        obs, a_tm1, r_t, discount_t, next_obs = self._unpack(sample.data)
+        obs, a_tm1, r_t, discount_t, next_obs = self.spec.unpack(sample.data, self.device)
         weights = torch.as_tensor(sample.weights, device=self.device, dtype=torch.float32)
 
         q_tm1 = self.online(obs)
@@ -298,19 +211,6 @@ class DQN(ApeXQLearner):
         metrics = dict(zip(("losses/td_loss", "losses/td_abs", "losses/q_values", "losses/grad_norm"), values))
         return td_abs + self.config.priority_eps, metrics
 
-    def _unpack(self, fields: Mapping[str, Tensor]):
-        """(obs leaves, branch indices [B, D], reward, discount, next-obs leaves) on the device."""
-        def get(name: str) -> Tensor:
-            return torch.as_tensor(fields[name], device=self.device)
-
-        return (
-            {key: get(field_name("obs", key)) for key in self._obs_leaves},
-            self.branches.to_indices(get("action")),
-            get("reward").float(),
-            get("discount").float(),
-            {key: get(field_name("next_obs", key)) for key in self._obs_leaves},
-        )
-
     @torch.no_grad()
     def _sync_target(self) -> None:
         tau = self.config.tau
@@ -322,12 +222,11 @@ class DQN(ApeXQLearner):
 
 
 __all__ = [
-    "ApeXQLearner",
     "DQN",
     "DQNConfig",
-    "GreedyQPolicy",
+    "DQNPolicy",
+    "DQNTrainer",
     "QNetwork",
-    "apex_epsilons",
     "double_q_learning",
     "double_q_target",
     "huber",

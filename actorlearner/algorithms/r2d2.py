@@ -20,24 +20,17 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from actorlearner.algorithms.base import (
-    RUNTIME,
-    SampleLike,
-    TransitionFields,
-    check_common_config,
-)
-from actorlearner.algorithms.dqn import ApeXQLearner, GreedyQPolicy
+from actorlearner.algorithms.apex import ApeXPolicy, ApeXSpec, ApeXTrainer, GreedyQPolicy
+from actorlearner.algorithms.base import RUNTIME, Policy, SampleLike, TransitionFields, check_common_config
 from actorlearner.algorithms.sequence import SequenceAssembler, sequence_fields
 from actorlearner.algorithms.sequence_math import n_step_targets, sequence_priorities
 from actorlearner.networks import (
     ActionBranches,
     BranchingDuelingHead,
     ObservationEncoder,
-    action_branches,
     action_mask_key,
     field_name,
     leaf_arrays,
-    leaf_fields,
     mask_q,
 )
 
@@ -97,6 +90,11 @@ class R2D2Config:
             raise ValueError(f"priority_eta must be in [0, 1], got {self.priority_eta}")
 
 
+def core_state_names(core: str) -> tuple[str, ...]:
+    """The recurrent state's parts: an LSTM's hidden and cell states, a GRU's hidden state."""
+    return ("h", "c") if core == "lstm" else ("h",)
+
+
 class RecurrentQNetwork(nn.Module):
     """Observation sequences [B, T, ...] and a start state -> Q values [B, T, D, N] and the end state."""
 
@@ -106,7 +104,7 @@ class RecurrentQNetwork(nn.Module):
         core = nn.LSTM if config.core == "lstm" else nn.GRU
         self.core = core(self.encoder.output_dim, config.core_size, batch_first=True)
         self.head = BranchingDuelingHead(config.core_size, branches.sizes, config.dueling)
-        self.state_names = ("h", "c") if config.core == "lstm" else ("h",)
+        self.state_names = core_state_names(config.core)
         self.mask_key = action_mask_key(observation_space, branches)
 
     def forward(self, obs: Mapping[str, Tensor], state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
@@ -166,54 +164,54 @@ class R2D2Memory:
             value[np.asarray(envs, bool)] = 0.0
 
 
-class R2D2(ApeXQLearner):
+class R2D2(ApeXSpec):
     """R2D2 over any supported observation space and discrete (possibly branched) actions."""
 
     name: ClassVar[str] = "r2d2"
     config_class: ClassVar[type] = R2D2Config
-    greedy_policy: ClassVar[type[GreedyQPolicy]] = GreedyRecurrentQPolicy
     learner_defaults: ClassVar[Mapping[str, Any]] = {
         "batch_size": 32, "min_replay_size": 200, "samples_per_insert": 2.0, "replay_capacity": 10_000,
         "actor_batch_size": 4, "rate_error_buffer": 2_000.0,
     }
 
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: R2D2Config | None = None, *,
-                 device: str | torch.device = "cpu", seed: int = 0):
-        self.config = config or R2D2Config()
-        self.observation_space = observation_space
-        self.branches = action_branches(action_space)
-        self._obs_leaves = leaf_fields(observation_space)  # raises UnsupportedSpace naming the space
-        self.device = torch.device(device)
-        with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
-            torch.manual_seed(seed)
-            self.online = RecurrentQNetwork(observation_space, self.branches, self.config)
-            self.target = RecurrentQNetwork(observation_space, self.branches, self.config)
-        self.target.load_state_dict(self.online.state_dict())
-        self.target.requires_grad_(False)
-        self.online.to(self.device)
-        self.target.to(self.device)
-        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=self.config.lr)
-        self.memory = R2D2Memory(self.online.state_names, self.config.core_size)
-        self.num_updates = 0
-        self._rng = np.random.default_rng(seed)
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: R2D2Config | None = None):
+        super().__init__(observation_space, action_space, config)
+        self.state_shapes = {name: (self.config.core_size,) for name in core_state_names(self.config.core)}
 
     def transition_fields(self) -> TransitionFields:
-        state_shapes = {name: (self.config.core_size,) for name in self.online.state_names}
         return sequence_fields(self.observation_space, self.config.sequence_length, self.branches.shape,
-                               torch.int64, state_shapes)
+                               torch.int64, self.state_shapes)
 
-    # ------------------------------------------------------------ actor side
-
-    def make_assembler(self, num_envs: int) -> SequenceAssembler:
-        state_shapes = {name: (self.config.core_size,) for name in self.online.state_names}
+    def make_assembler(self, num_envs: int, policy: Policy) -> SequenceAssembler:
+        """Sequences of ``policy``'s steps, each with the recurrent state it began from (``policy.memory``)."""
         return SequenceAssembler(num_envs, self.config.sequence_length, self.config.overlap, self.config.gamma,
-                                 self.observation_space, self.branches.shape, np.int64, self.memory, state_shapes)
+                                 self.observation_space, self.branches.shape, np.int64, policy.memory,
+                                 self.state_shapes)
+
+    def make_network(self) -> RecurrentQNetwork:
+        return RecurrentQNetwork(self.observation_space, self.branches, self.config)
+
+    def make_policy(self, *, device: str | torch.device = "cpu", seed: int = 0) -> R2D2Policy:
+        return R2D2Policy(self, device=device, seed=seed)
+
+    def make_trainer(self, *, device: str | torch.device = "cpu", seed: int = 0) -> R2D2Trainer:
+        return R2D2Trainer(self, device=device, seed=seed)
+
+
+class R2D2Policy(ApeXPolicy):
+    """One recurrent step per env from its remembered state (`R2D2Memory`); epsilon-greedy over all branches."""
+
+    greedy_policy: ClassVar[type[GreedyQPolicy]] = GreedyRecurrentQPolicy
+
+    def __init__(self, spec: R2D2, *, device: str | torch.device = "cpu", seed: int = 0):
+        super().__init__(spec, device=device, seed=seed)
+        self.memory = R2D2Memory(self.online.state_names, self.config.core_size)
 
     @torch.no_grad()
     def act(self, obs: Any, exploration: float) -> np.ndarray:
         """One recurrent step per env from its remembered state; epsilon-greedy over all branches together."""
         leaves = {key: torch.as_tensor(array, device=self.device).unsqueeze(1)
-                  for key, array in leaf_arrays(self.observation_space, obs).items()}
+                  for key, array in leaf_arrays(self.spec.observation_space, obs).items()}
         num_envs = next(iter(leaves.values())).shape[0]
         state = {name: torch.as_tensor(value, device=self.device)
                  for name, value in self.memory.current(num_envs).items()}
@@ -226,18 +224,16 @@ class R2D2(ApeXQLearner):
         """Forget the recurrent state of the envs where ``envs`` [E] is True (their episodes begin)."""
         self.memory.reset(envs)
 
-    def initial_priorities(self, fields: Mapping[str, Tensor]) -> None:
-        """None: new sequences enter at the learner's maximum priority."""
-        return None
 
-    # ------------------------------------------------------------ learner side
+class R2D2Trainer(ApeXTrainer):
+    """Unrolls the online and target networks over replayed sequences from their stored states."""
 
     def update(self, sample: SampleLike) -> tuple[Tensor, dict[str, float]]:
         """One Adam step on the IS-weighted squared TD of the unmasked, post-burn-in steps; returns
         (sequence priorities [B], metrics)."""
         config = self.config
         data = {name: torch.as_tensor(value, device=self.device) for name, value in sample.data.items()}
-        obs = {key: data[field_name("obs", key)] for key in self._obs_leaves}
+        obs = {key: data[field_name("obs", key)] for key in self.spec.observation_leaves}
         state = {name: data[f"state/{name}"].float() for name in self.online.state_names}
         action = data["action"]
         actions = self.branches.to_indices(action.flatten(0, 1)).view(action.shape[0], action.shape[1], -1)

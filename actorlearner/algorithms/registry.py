@@ -13,9 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
-import torch
 
-from actorlearner.algorithms.base import Algorithm
+from actorlearner.algorithms.base import AlgorithmSpec
 from actorlearner.config import runtime_options
 
 REGISTERED = {
@@ -26,17 +25,15 @@ REGISTERED = {
 }
 """Registered algorithm names -> ``module:Class``; imported only when named."""
 
-_REQUIRED = ("name", "config_class", "transition_fields", "make_assembler", "exploration", "act",
-             "initial_priorities", "update", "policy_state_dict", "load_policy_state_dict", "state_dict",
-             "load_state_dict")
+_REQUIRED = ("name", "config_class", "transition_fields", "make_assembler", "make_policy", "make_trainer")
 
 
 class AlgorithmError(ValueError):
     """An algorithm name that resolves to nothing usable, or a config it cannot take."""
 
 
-def resolve(name: str) -> type[Algorithm]:
-    """The algorithm class ``name`` stands for; AlgorithmError saying why when there is none."""
+def resolve(name: str) -> type[AlgorithmSpec]:
+    """The algorithm spec class ``name`` stands for; AlgorithmError saying why when there is none."""
     target = REGISTERED.get(name.lower(), name)
     module_name, colon, attribute = target.partition(":")
     if not colon or not module_name or not attribute:
@@ -49,14 +46,15 @@ def resolve(name: str) -> type[Algorithm]:
     cls = getattr(module, attribute, None)
     if cls is None:
         raise AlgorithmError(f"algorithm {name!r}: {module_name} has no {attribute}")
-    missing = [member for member in _REQUIRED if not hasattr(cls, member)]
+    missing = [member for member in _REQUIRED
+               if not hasattr(cls, member) or member in getattr(cls, "__abstractmethods__", ())]
     if missing or not dataclasses.is_dataclass(getattr(cls, "config_class", None)):
         what = f"lacks {', '.join(missing)}" if missing else "has no config_class dataclass"
-        raise AlgorithmError(f"algorithm {name!r}: {attribute} is not an Algorithm: it {what}")
+        raise AlgorithmError(f"algorithm {name!r}: {attribute} is not an AlgorithmSpec: it {what}")
     return cls
 
 
-def make_config(cls: type[Algorithm], values: Any = None) -> Any:
+def make_config(cls: type[AlgorithmSpec], values: Any = None) -> Any:
     """``cls``'s config from None (defaults), a mapping of fields, or an instance."""
     if values is None:
         return cls.config_class()
@@ -91,17 +89,7 @@ def fixed_config_json(algorithm: str, algorithm_config: str) -> str:
     return json.dumps({name: value for name, value in values.items() if name not in tunable}, sort_keys=True)
 
 
-def retune(algorithm: Algorithm, config: Any) -> None:
-    """Give ``algorithm`` a config that differs from its own only in runtime-tunable options."""
-    hook = getattr(algorithm, "retune", None)
-    if hook is not None:
-        hook(config)
-    else:
-        algorithm.config = config
-
-
-def make_algorithm(name: str, observation_space: gym.Space, action_space: gym.Space, config: Any = None, *,
-                   device: str | torch.device = "cpu", seed: int = 0) -> Algorithm:
-    """Build algorithm ``name`` for these spaces; ``config`` as `make_config` takes it."""
+def make_spec(name: str, observation_space: gym.Space, action_space: gym.Space, config: Any = None) -> AlgorithmSpec:
+    """The spec of algorithm ``name`` for these spaces; ``config`` as `make_config` takes it."""
     cls = resolve(name)
-    return cls(observation_space, action_space, make_config(cls, config), device=device, seed=seed)
+    return cls(observation_space, action_space, make_config(cls, config))

@@ -1,7 +1,7 @@
 """Soft actor-critic for continuous (Box) actions, on n-step returns, with |TD| replay priorities.
 
 The actor is a squashed Gaussian, ``u ~ N(mu(s), sigma(s))``, ``a = tanh(u)`` in the unit box,
-rescaled exactly to the env's bounds (`ContinuousActorCritic`). Twin critics with
+rescaled exactly to the env's bounds (`UnitBox`). Twin critics with
 Polyak-averaged targets; the entropy temperature is tuned toward ``-action_dim``. Actors
 sample; evaluation acts with the squashed mean.
 """
@@ -18,7 +18,13 @@ import torch
 from torch import Tensor, nn
 
 from actorlearner.algorithms.base import SampleLike
-from actorlearner.algorithms.continuous import Batch, ContinuousActorCritic, ContinuousConfig
+from actorlearner.algorithms.continuous import (
+    Batch,
+    ContinuousConfig,
+    ContinuousPolicy,
+    ContinuousSpec,
+    ContinuousTrainer,
+)
 from actorlearner.networks import ObservationEncoder
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -61,21 +67,24 @@ class Temperature(nn.Module):
         return self.log_alpha.exp()
 
 
-class SAC(ContinuousActorCritic):
+class SAC(ContinuousSpec):
     """Soft actor-critic over any supported observation space and a Box action space."""
 
     name: ClassVar[str] = "sac"
     config_class: ClassVar[type] = SACConfig
 
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: SACConfig | None = None, *,
-                 device: str | torch.device = "cpu", seed: int = 0):
-        super().__init__(observation_space, action_space, config, device=device, seed=seed)
-        self.temperature = Temperature(self.config.initial_temperature).to(self.device)
-        self.target_entropy = -float(self.action_dim)
-        self.temperature_optimizer = torch.optim.Adam(self.temperature.parameters(), lr=self.config.lr)
-
     def make_actor(self) -> Actor:
         return Actor(self.observation_space, self.action_dim, self.config)
+
+    def make_policy(self, *, device: str | torch.device = "cpu", seed: int = 0) -> SACPolicy:
+        return SACPolicy(self, device=device, seed=seed)
+
+    def make_trainer(self, *, device: str | torch.device = "cpu", seed: int = 0) -> SACTrainer:
+        return SACTrainer(self, device=device, seed=seed)
+
+
+class SACPolicy(ContinuousPolicy):
+    """Samples the squashed Gaussian; acts with its squashed mean at exploration 0."""
 
     def exploration(self, actor_index: int, num_actors: int) -> float:
         """Every actor samples from the policy (1); 0 acts with the mean, as the evaluator does."""
@@ -85,6 +94,16 @@ class SAC(ContinuousActorCritic):
         """A squashed policy sample, or the squashed mean when ``exploration`` is 0."""
         mean, log_std = self.actor(obs)
         return torch.tanh(mean + log_std.exp() * self.noise(mean.shape) if exploration > 0 else mean)
+
+
+class SACTrainer(ContinuousTrainer):
+    """Critic, actor and temperature steps; the entropy temperature is tuned toward ``-action_dim``."""
+
+    def __init__(self, spec: SAC, *, device: str | torch.device = "cpu", seed: int = 0):
+        super().__init__(spec, device=device, seed=seed)
+        self.temperature = Temperature(self.config.initial_temperature).to(self.device)
+        self.target_entropy = -float(spec.action_dim)
+        self.temperature_optimizer = torch.optim.Adam(self.temperature.parameters(), lr=self.config.lr)
 
     def update(self, sample: SampleLike) -> tuple[Tensor, dict[str, float]]:
         """One step of the critics, the actor and the temperature; returns (|TD| + eps [B], metrics)."""

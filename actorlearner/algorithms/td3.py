@@ -1,7 +1,7 @@
 """TD3 (Fujimoto et al. 2018) for continuous (Box) actions, on n-step returns, with |TD| priorities.
 
 A deterministic actor ``a = tanh(mu(s))`` in the unit box, rescaled exactly to the env's
-bounds (`ContinuousActorCritic`); actors add Gaussian exploration noise, evaluation acts
+bounds (`UnitBox`); actors add Gaussian exploration noise, evaluation acts
 without it. Twin critics bootstrap from the smaller target estimate at a target action
 smoothed with clipped noise; the actor and the target networks move every
 ``policy_delay`` critic updates.
@@ -19,7 +19,13 @@ import torch
 from torch import Tensor, nn
 
 from actorlearner.algorithms.base import RUNTIME, SampleLike
-from actorlearner.algorithms.continuous import Batch, ContinuousActorCritic, ContinuousConfig
+from actorlearner.algorithms.continuous import (
+    Batch,
+    ContinuousConfig,
+    ContinuousPolicy,
+    ContinuousSpec,
+    ContinuousTrainer,
+)
 from actorlearner.networks import ObservationEncoder
 
 
@@ -58,20 +64,24 @@ class Actor(nn.Module):
         return torch.tanh(self.head(self.encoder(obs)))
 
 
-class TD3(ContinuousActorCritic):
+class TD3(ContinuousSpec):
     """TD3 over any supported observation space and a Box action space."""
 
     name: ClassVar[str] = "td3"
     config_class: ClassVar[type] = TD3Config
 
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: TD3Config | None = None, *,
-                 device: str | torch.device = "cpu", seed: int = 0):
-        super().__init__(observation_space, action_space, config, device=device, seed=seed)
-        self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
-        self._last_actor_loss = torch.zeros((), device=self.device)  # a metric between actor steps
-
     def make_actor(self) -> Actor:
         return Actor(self.observation_space, self.action_dim, self.config)
+
+    def make_policy(self, *, device: str | torch.device = "cpu", seed: int = 0) -> TD3Policy:
+        return TD3Policy(self, device=device, seed=seed)
+
+    def make_trainer(self, *, device: str | torch.device = "cpu", seed: int = 0) -> TD3Trainer:
+        return TD3Trainer(self, device=device, seed=seed)
+
+
+class TD3Policy(ContinuousPolicy):
+    """The deterministic actor plus Gaussian exploration noise; none at exploration 0."""
 
     def exploration(self, actor_index: int, num_actors: int) -> float:
         """Every actor adds `exploration_noise`; 0 acts deterministically, as the evaluator does."""
@@ -83,6 +93,15 @@ class TD3(ContinuousActorCritic):
         if exploration > 0:
             action = (action + exploration * self.noise(action.shape)).clamp(-1, 1)
         return action
+
+
+class TD3Trainer(ContinuousTrainer):
+    """Critic steps every update; actor steps and the Polyak moves every `policy_delay` updates."""
+
+    def __init__(self, spec: TD3, *, device: str | torch.device = "cpu", seed: int = 0):
+        super().__init__(spec, device=device, seed=seed)
+        self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
+        self._last_actor_loss = torch.zeros((), device=self.device)  # a metric between actor steps
 
     def update(self, sample: SampleLike) -> tuple[Tensor, dict[str, float]]:
         """One critic step, and every `policy_delay` updates an actor step and the Polyak moves;

@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from actorlearner.algorithms import Algorithm
+from actorlearner.algorithms import Policy
 from actorlearner.league.league import SELF
 from actorlearner.league.seat import Player
 from actorlearner.v1 import learner_pb2 as pb
@@ -45,25 +45,24 @@ class ScriptedPlayer:
 class PolicyPlayer:
     """An algorithm's policy as a player: one observation at a time, with ``exploration``."""
 
-    def __init__(self, player_id: str, algorithm: Algorithm, observation_space: gym.Space, exploration: float):
-        self.id, self.algorithm, self.exploration = player_id, algorithm, exploration
+    def __init__(self, player_id: str, policy: Policy, observation_space: gym.Space, exploration: float):
+        self.id, self.policy, self.exploration = player_id, policy, exploration
         self._space = observation_space
         self._batch = gym.vector.utils.create_empty_array(observation_space, 1)
 
     def begin(self) -> None:
-        if hasattr(self.algorithm, "reset_memory"):
-            self.algorithm.reset_memory(np.ones(1, bool))
+        self.policy.reset_memory(np.ones(1, bool))
 
     def act(self, observation):
         batch = gym.vector.utils.concatenate(self._space, [observation], self._batch)
-        return self.algorithm.act(batch, self.exploration)[0]
+        return self.policy.act(batch, self.exploration)[0]
 
 
 class OpponentPool:
     """Draws each game's opponent from the newest LeagueUpdate.
 
-    ``build`` makes a fresh algorithm (the learning policy's kind) for snapshots and for the
-    current policy as an opponent; players are kept per env slot when the algorithm is
+    ``build`` makes a fresh policy (the learning policy's kind) for snapshots and for the
+    current policy as an opponent; players are kept per env slot when the policy is
     recurrent (each game its own memory), else shared. Used by the env loop's thread only.
     """
 
@@ -71,15 +70,15 @@ class OpponentPool:
         self.observation_space, self.action_space = observation_space, action_space
         self.rng = np.random.default_rng(seed)
         self.seed = seed
-        self.build: Callable[[], Algorithm] | None = None
+        self.build: Callable[[], Policy] | None = None
         self.exploration = 0.0
         self.menu: list[pb.Opponent] = []
         self.snapshots: dict[str, dict[str, torch.Tensor]] = {}
-        self.current: tuple[int, Algorithm | None] = (-1, None)  # (version, the actor's own algorithm)
+        self.current: tuple[int, Policy | None] = (-1, None)  # (version, the actor's own policy)
         self._players: dict[tuple[str, int], Any] = {}
         self._self_versions: dict[int, int] = {}  # slot -> version loaded into its "self" player
 
-    def reset(self, build: Callable[[], Algorithm], exploration: float) -> None:
+    def reset(self, build: Callable[[], Policy], exploration: float) -> None:
         """A new network (a Welcome with another algorithm or config): every built player goes."""
         self.build, self.exploration = build, exploration
         self._players.clear()
@@ -105,7 +104,7 @@ class OpponentPool:
         return self._player(chosen, slot)
 
     def _player(self, opponent: pb.Opponent, slot: int) -> Player:
-        recurrent = self.current[1] is not None and hasattr(self.current[1], "reset_memory")
+        recurrent = self.current[1] is not None and self.current[1].recurrent
         key = (opponent.id, slot if recurrent else -1)
         player = self._players.get(key)
         if player is None:
@@ -113,14 +112,14 @@ class OpponentPool:
                 player = ScriptedPlayer(opponent.id, load_scripted(opponent.script, self.observation_space,
                                                                    self.action_space, self.seed + slot))
             else:
-                algorithm = self.build()
+                policy = self.build()
                 if opponent.id != SELF:
-                    algorithm.load_policy_state_dict(self.snapshots[opponent.id])
-                player = PolicyPlayer(opponent.id, algorithm, self.observation_space, self.exploration)
+                    policy.load_policy_state_dict(self.snapshots[opponent.id])
+                player = PolicyPlayer(opponent.id, policy, self.observation_space, self.exploration)
             self._players[key] = player
         if opponent.id == SELF:
-            version, algorithm = self.current
-            if self._self_versions.get(key[1]) != version and algorithm is not None:
-                player.algorithm.load_policy_state_dict(algorithm.policy_state_dict())
+            version, policy = self.current
+            if self._self_versions.get(key[1]) != version and policy is not None:
+                player.policy.load_policy_state_dict(policy.policy_state_dict())
                 self._self_versions[key[1]] = version
         return player

@@ -3,9 +3,9 @@
 Every rank is a whole learner with its own actors, replay shard, rate limiter and priorities.
 The ranks train in lockstep: before each update they agree (one all-reduce) whether every
 rank has a sample, whether any is stopping and whether a checkpoint is due, so that no rank
-waits in a collective for one that will not join. Each optimizer step of the algorithm first
-averages the gradients over the ranks (a step pre-hook on every ``torch.optim.Optimizer`` the
-algorithm owns), and rank 0's algorithm state is broadcast at start, so that the parameters
+waits in a collective for one that will not join. Each optimizer step of the algorithm's trainer
+first averages the gradients over the ranks (a step pre-hook on every ``torch.optim.Optimizer``
+its ``optimizers()`` names), and rank 0's trainer state is broadcast at start, so that the parameters
 stay identical on every rank after every update. gloo on CPU, NCCL on CUDA.
 """
 
@@ -18,10 +18,11 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from actorlearner.algorithms import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -83,16 +84,6 @@ def local_device(device: torch.device, environ: Mapping[str, str] | None = None)
     return torch.device("cuda", _env_int(os.environ if environ is None else environ, "LOCAL_RANK") or 0)
 
 
-def find_optimizers(algorithm: Any) -> list[torch.optim.Optimizer]:
-    """The optimizers an algorithm owns: those its optional ``optimizers()`` names and its attributes that are one."""
-    named = list(algorithm.optimizers().values()) if hasattr(algorithm, "optimizers") else []
-    found: dict[int, torch.optim.Optimizer] = {}
-    for value in [*named, *vars(algorithm).values()]:
-        if isinstance(value, torch.optim.Optimizer):
-            found.setdefault(id(value), value)
-    return list(found.values())
-
-
 class DataParallel:
     """One rank's membership of the process group (joined on construction, waiting for every rank)."""
 
@@ -126,13 +117,13 @@ class DataParallel:
         if low != high:
             raise ValueError(f"the ranks differ in {what}: every data-parallel learner must run the same")
 
-    def average_gradients(self, algorithm: Any) -> None:
-        """Make every optimizer step of ``algorithm`` first replace each gradient by its mean over the ranks."""
-        optimizers = find_optimizers(algorithm)
+    def average_gradients(self, trainer: Trainer) -> None:
+        """Make every optimizer step of ``trainer`` first replace each gradient by its mean over the ranks."""
+        optimizers = trainer.optimizers()
         if not optimizers:
-            raise ValueError(f"algorithm {type(algorithm).__name__} has no torch optimizer (an attribute or "
+            raise ValueError(f"trainer {type(trainer).__name__} has no torch optimizer (an attribute or "
                              "optimizers()) whose gradients data-parallel learners could average")
-        for optimizer in optimizers:
+        for optimizer in optimizers.values():
             optimizer.register_step_pre_hook(self._average)
 
     def _average(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
@@ -151,9 +142,9 @@ class DataParallel:
                 grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
                 offset += grad.numel()
 
-    def broadcast_state(self, algorithm: Any) -> None:
-        """Give every rank rank 0's algorithm state (networks, targets, optimizer slots, counters, generators)."""
-        state = algorithm.state_dict()
+    def broadcast_state(self, trainer: Trainer) -> None:
+        """Give every rank rank 0's trainer state (networks, targets, optimizer slots, counters, generators)."""
+        state = trainer.state_dict()
         keys = sorted(state)
         layout = [(k, tuple(state[k].shape), str(state[k].dtype)) if isinstance(state[k], torch.Tensor)
                   else (k, type(state[k]).__name__) for k in keys]
@@ -169,7 +160,7 @@ class DataParallel:
             dist.broadcast(tensor, src=0)
             received[key] = tensor.cpu() if isinstance(value, torch.Tensor) else type(value)(tensor.item())
         if self.world.rank != 0:
-            algorithm.load_state_dict(received)
+            trainer.load_state_dict(received)
 
     def close(self) -> None:
         dist.destroy_process_group()

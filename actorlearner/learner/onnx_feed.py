@@ -14,7 +14,7 @@ import threading
 import gymnasium as gym
 
 from actorlearner import wire
-from actorlearner.algorithms import Algorithm
+from actorlearner.algorithms import Policy
 from actorlearner.export import onnx_program, weights_replaceable
 from actorlearner.streaming.broadcast import PolicyBroadcast
 
@@ -24,10 +24,10 @@ logger = logging.getLogger(__name__)
 class OnnxFeed:
     """Follows ``source`` (the state-dict broadcast) into its own broadcast of ONNX models.
 
-    ``policy`` is a CPU copy of the algorithm, for this feed alone: each version is loaded into it.
+    ``policy`` is a CPU policy for this feed alone (one that `can_export`): each version is loaded into it.
     """
 
-    def __init__(self, source: PolicyBroadcast, policy: Algorithm, observation_space: gym.Space,
+    def __init__(self, source: PolicyBroadcast, policy: Policy, observation_space: gym.Space,
                  action_space: gym.Space, chunk_bytes: int):
         self.source = source
         self.broadcast = PolicyBroadcast(chunk_bytes)
