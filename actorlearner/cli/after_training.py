@@ -12,7 +12,7 @@ def eval_command(config: EvalConfig) -> int:
     """Print a checkpoint's greedy returns (mean, std, min, max), and with ``video`` the MP4s recorded
     of its first ``video_episodes`` episodes; exit 1 if it cannot be loaded or its env cannot render.
     A self-play policy plays ``opponents`` instead (see :func:`games_command`)."""
-    from actorlearner.checkpoints.parts import CheckpointError
+    from actorlearner.checkpoint.parts import CheckpointError
     from actorlearner.trained import evaluate_trained, load_trained, record_trained
 
     try:
@@ -72,7 +72,7 @@ def export_command(config: ExportConfig) -> int:
     """Write a checkpoint's greedy policy to ``out`` (ONNX) and ``out.json``; exit 1 if it cannot be
     loaded or exported."""
     from actorlearner.export import export_onnx, sidecar_path
-    from actorlearner.checkpoints.parts import CheckpointError
+    from actorlearner.checkpoint.parts import CheckpointError
     from actorlearner.trained import load_trained
 
     try:
