@@ -7,9 +7,9 @@ same rows (:mod:`~actorlearner.replay.layout`) and checkpoint the same way.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 import math
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
