@@ -3,6 +3,7 @@
 from actorlearner.algorithms.base import (
            RUNTIME,
            AlgorithmSpec,
+           ClassPartsSpec,
            FlatState,
            Policy,
            SampleLike,
@@ -19,6 +20,6 @@ from actorlearner.algorithms.registry import (
            resolve,
 )
 
-__all__ = ["RUNTIME", "AlgorithmError", "AlgorithmSpec", "FlatState", "Policy", "SampleLike", "Trainer",
+__all__ = ["RUNTIME", "AlgorithmError", "AlgorithmSpec", "ClassPartsSpec", "FlatState", "Policy", "SampleLike", "Trainer",
            "TransitionAssembler", "TransitionFields", "config_json", "fixed_config_json", "make_config", "make_spec",
            "resolve"]

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from actorlearner.algorithms.base import (
-    AlgorithmSpec,
+    ClassPartsSpec,
     FlatState,
     Policy,
     Trainer,
@@ -55,7 +55,7 @@ class GreedyQPolicy(nn.Module):
         return actions.reshape(q.shape[0], *self.action_shape)
 
 
-class ApeXSpec(AlgorithmSpec):
+class ApeXSpec(ClassPartsSpec):
     """A Q-learning spec over any supported observation space and discrete (possibly branched) actions;
     a subclass makes its Q network (`make_network`)."""
 

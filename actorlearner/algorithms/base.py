@@ -94,6 +94,19 @@ class AlgorithmSpec(ABC):
         """The learner's trainer, its networks seeded as `make_policy`'s."""
 
 
+class ClassPartsSpec(AlgorithmSpec):
+    """A spec whose policy and trainer are the classes it names, built as ``cls(spec, device=..., seed=...)``."""
+
+    policy_class: ClassVar[type[Policy]]
+    trainer_class: ClassVar[type[Trainer]]
+
+    def make_policy(self, *, device: str | torch.device = "cpu", seed: int = 0) -> Policy:
+        return self.policy_class(self, device=device, seed=seed)
+
+    def make_trainer(self, *, device: str | torch.device = "cpu", seed: int = 0) -> Trainer:
+        return self.trainer_class(self, device=device, seed=seed)
+
+
 class Policy(ABC):
     """Acts: what actors, the evaluator, league opponents, export and the ONNX feed hold.
 

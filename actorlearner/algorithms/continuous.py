@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from actorlearner.algorithms.base import (
     RUNTIME,
-    AlgorithmSpec,
+    ClassPartsSpec,
     FlatState,
     Policy,
     SampleLike,
@@ -143,7 +143,7 @@ class GreedyBoxPolicy(nn.Module):
         return actions.reshape(actions.shape[0], *self.action_shape).to(self.action_dtype)
 
 
-class ContinuousSpec(AlgorithmSpec):
+class ContinuousSpec(ClassPartsSpec):
     """Spec of the Box-action actor-critics; a subclass makes its actor. Its config class extends
     `ContinuousConfig`."""
 

@@ -123,44 +123,6 @@ class QNetwork(nn.Module):
 # ---------------------------------------------------------------- algorithm
 
 
-class DQN(ApeXSpec):
-    """Ape-X DQN over any supported observation space and discrete (possibly branched) actions."""
-
-    name: ClassVar[str] = "dqn"
-    config_class: ClassVar[type] = DQNConfig
-
-    def transition_fields(self) -> TransitionFields:
-        """One field per observation leaf in its own dtype (uint8 frames stay 4x smaller), then the
-        action (branch values, int64), n-step reward and discount, and the next observation."""
-        return nstep_fields(self.observation_space, self.branches.shape, torch.int64)
-
-    def make_assembler(self, num_envs: int, policy: Policy) -> NStepAssembler:
-        return NStepAssembler(num_envs, self.config.n_step, self.config.gamma, self.observation_space,
-                              self.branches.shape, np.int64)
-
-    def make_network(self) -> QNetwork:
-        return QNetwork(self.observation_space, self.branches, self.config)
-
-    def make_policy(self, *, device: str | torch.device = "cpu", seed: int = 0) -> DQNPolicy:
-        return DQNPolicy(self, device=device, seed=seed)
-
-    def make_trainer(self, *, device: str | torch.device = "cpu", seed: int = 0) -> DQNTrainer:
-        return DQNTrainer(self, device=device, seed=seed)
-
-    def unpack(self, fields: Mapping[str, Tensor], device: torch.device):
-        """(obs leaves, branch indices [B, D], reward, discount, next-obs leaves) on ``device``."""
-        def get(name: str) -> Tensor:
-            return torch.as_tensor(fields[name], device=device)
-
-        return (
-            {key: get(field_name("obs", key)) for key in self.observation_leaves},
-            self.branches.to_indices(get("action")),
-            get("reward").float(),
-            get("discount").float(),
-            {key: get(field_name("next_obs", key)) for key in self.observation_leaves},
-        )
-
-
 class DQNPolicy(ApeXPolicy):
     """Epsilon-greedy on the online Q network; Ape-X initial priorities from it alone."""
 
@@ -219,6 +181,40 @@ class DQNTrainer(ApeXTrainer):
             return
         for target_param, online_param in zip(self.target.parameters(), self.online.parameters()):
             target_param.lerp_(online_param, tau)
+
+
+class DQN(ApeXSpec):
+    """Ape-X DQN over any supported observation space and discrete (possibly branched) actions."""
+
+    name: ClassVar[str] = "dqn"
+    config_class: ClassVar[type] = DQNConfig
+    policy_class: ClassVar[type] = DQNPolicy
+    trainer_class: ClassVar[type] = DQNTrainer
+
+    def transition_fields(self) -> TransitionFields:
+        """One field per observation leaf in its own dtype (uint8 frames stay 4x smaller), then the
+        action (branch values, int64), n-step reward and discount, and the next observation."""
+        return nstep_fields(self.observation_space, self.branches.shape, torch.int64)
+
+    def make_assembler(self, num_envs: int, policy: Policy) -> NStepAssembler:
+        return NStepAssembler(num_envs, self.config.n_step, self.config.gamma, self.observation_space,
+                              self.branches.shape, np.int64)
+
+    def make_network(self) -> QNetwork:
+        return QNetwork(self.observation_space, self.branches, self.config)
+
+    def unpack(self, fields: Mapping[str, Tensor], device: torch.device):
+        """(obs leaves, branch indices [B, D], reward, discount, next-obs leaves) on ``device``."""
+        def get(name: str) -> Tensor:
+            return torch.as_tensor(fields[name], device=device)
+
+        return (
+            {key: get(field_name("obs", key)) for key in self.observation_leaves},
+            self.branches.to_indices(get("action")),
+            get("reward").float(),
+            get("discount").float(),
+            {key: get(field_name("next_obs", key)) for key in self.observation_leaves},
+        )
 
 
 __all__ = [

@@ -164,40 +164,6 @@ class R2D2Memory:
             value[np.asarray(envs, bool)] = 0.0
 
 
-class R2D2(ApeXSpec):
-    """R2D2 over any supported observation space and discrete (possibly branched) actions."""
-
-    name: ClassVar[str] = "r2d2"
-    config_class: ClassVar[type] = R2D2Config
-    learner_defaults: ClassVar[Mapping[str, Any]] = {
-        "batch_size": 32, "min_replay_size": 200, "samples_per_insert": 2.0, "replay_capacity": 10_000,
-        "actor_batch_size": 4, "rate_error_buffer": 2_000.0,
-    }
-
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: R2D2Config | None = None):
-        super().__init__(observation_space, action_space, config)
-        self.state_shapes = {name: (self.config.core_size,) for name in core_state_names(self.config.core)}
-
-    def transition_fields(self) -> TransitionFields:
-        return sequence_fields(self.observation_space, self.config.sequence_length, self.branches.shape,
-                               torch.int64, self.state_shapes)
-
-    def make_assembler(self, num_envs: int, policy: Policy) -> SequenceAssembler:
-        """Sequences of ``policy``'s steps, each with the recurrent state it began from (``policy.memory``)."""
-        return SequenceAssembler(num_envs, self.config.sequence_length, self.config.overlap, self.config.gamma,
-                                 self.observation_space, self.branches.shape, np.int64, policy.memory,
-                                 self.state_shapes)
-
-    def make_network(self) -> RecurrentQNetwork:
-        return RecurrentQNetwork(self.observation_space, self.branches, self.config)
-
-    def make_policy(self, *, device: str | torch.device = "cpu", seed: int = 0) -> R2D2Policy:
-        return R2D2Policy(self, device=device, seed=seed)
-
-    def make_trainer(self, *, device: str | torch.device = "cpu", seed: int = 0) -> R2D2Trainer:
-        return R2D2Trainer(self, device=device, seed=seed)
-
-
 class R2D2Policy(ApeXPolicy):
     """One recurrent step per env from its remembered state (`R2D2Memory`); epsilon-greedy over all branches."""
 
@@ -276,3 +242,33 @@ class R2D2Trainer(ApeXTrainer):
         values = torch.stack([loss.detach(), (td_abs * loss_mask).sum() / loss_mask.sum().clamp(min=1),
                               grad_norm.detach()]).tolist()
         return priorities, dict(zip(("losses/td_loss", "losses/td_abs", "losses/grad_norm"), values))
+
+
+class R2D2(ApeXSpec):
+    """R2D2 over any supported observation space and discrete (possibly branched) actions."""
+
+    name: ClassVar[str] = "r2d2"
+    config_class: ClassVar[type] = R2D2Config
+    policy_class: ClassVar[type] = R2D2Policy
+    trainer_class: ClassVar[type] = R2D2Trainer
+    learner_defaults: ClassVar[Mapping[str, Any]] = {
+        "batch_size": 32, "min_replay_size": 200, "samples_per_insert": 2.0, "replay_capacity": 10_000,
+        "actor_batch_size": 4, "rate_error_buffer": 2_000.0,
+    }
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: R2D2Config | None = None):
+        super().__init__(observation_space, action_space, config)
+        self.state_shapes = {name: (self.config.core_size,) for name in core_state_names(self.config.core)}
+
+    def transition_fields(self) -> TransitionFields:
+        return sequence_fields(self.observation_space, self.config.sequence_length, self.branches.shape,
+                               torch.int64, self.state_shapes)
+
+    def make_assembler(self, num_envs: int, policy: Policy) -> SequenceAssembler:
+        """Sequences of ``policy``'s steps, each with the recurrent state it began from (``policy.memory``)."""
+        return SequenceAssembler(num_envs, self.config.sequence_length, self.config.overlap, self.config.gamma,
+                                 self.observation_space, self.branches.shape, np.int64, policy.memory,
+                                 self.state_shapes)
+
+    def make_network(self) -> RecurrentQNetwork:
+        return RecurrentQNetwork(self.observation_space, self.branches, self.config)

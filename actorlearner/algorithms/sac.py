@@ -67,22 +67,6 @@ class Temperature(nn.Module):
         return self.log_alpha.exp()
 
 
-class SAC(ContinuousSpec):
-    """Soft actor-critic over any supported observation space and a Box action space."""
-
-    name: ClassVar[str] = "sac"
-    config_class: ClassVar[type] = SACConfig
-
-    def make_actor(self) -> Actor:
-        return Actor(self.observation_space, self.action_dim, self.config)
-
-    def make_policy(self, *, device: str | torch.device = "cpu", seed: int = 0) -> SACPolicy:
-        return SACPolicy(self, device=device, seed=seed)
-
-    def make_trainer(self, *, device: str | torch.device = "cpu", seed: int = 0) -> SACTrainer:
-        return SACTrainer(self, device=device, seed=seed)
-
-
 class SACPolicy(ContinuousPolicy):
     """Samples the squashed Gaussian; acts with its squashed mean at exploration 0."""
 
@@ -151,3 +135,15 @@ class SACTrainer(ContinuousTrainer):
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {**super().optimizers(), "temperature_optimizer": self.temperature_optimizer}
+
+
+class SAC(ContinuousSpec):
+    """Soft actor-critic over any supported observation space and a Box action space."""
+
+    name: ClassVar[str] = "sac"
+    config_class: ClassVar[type] = SACConfig
+    policy_class: ClassVar[type] = SACPolicy
+    trainer_class: ClassVar[type] = SACTrainer
+
+    def make_actor(self) -> Actor:
+        return Actor(self.observation_space, self.action_dim, self.config)

@@ -64,22 +64,6 @@ class Actor(nn.Module):
         return torch.tanh(self.head(self.encoder(obs)))
 
 
-class TD3(ContinuousSpec):
-    """TD3 over any supported observation space and a Box action space."""
-
-    name: ClassVar[str] = "td3"
-    config_class: ClassVar[type] = TD3Config
-
-    def make_actor(self) -> Actor:
-        return Actor(self.observation_space, self.action_dim, self.config)
-
-    def make_policy(self, *, device: str | torch.device = "cpu", seed: int = 0) -> TD3Policy:
-        return TD3Policy(self, device=device, seed=seed)
-
-    def make_trainer(self, *, device: str | torch.device = "cpu", seed: int = 0) -> TD3Trainer:
-        return TD3Trainer(self, device=device, seed=seed)
-
-
 class TD3Policy(ContinuousPolicy):
     """The deterministic actor plus Gaussian exploration noise; none at exploration 0."""
 
@@ -133,3 +117,15 @@ class TD3Trainer(ContinuousTrainer):
 
     def modules(self) -> dict[str, nn.Module]:
         return {**super().modules(), "target_actor": self.target_actor}
+
+
+class TD3(ContinuousSpec):
+    """TD3 over any supported observation space and a Box action space."""
+
+    name: ClassVar[str] = "td3"
+    config_class: ClassVar[type] = TD3Config
+    policy_class: ClassVar[type] = TD3Policy
+    trainer_class: ClassVar[type] = TD3Trainer
+
+    def make_actor(self) -> Actor:
+        return Actor(self.observation_space, self.action_dim, self.config)
