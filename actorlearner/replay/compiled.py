@@ -36,6 +36,7 @@ class CompiledReplay(PrioritizedReplay, compiled=True):
         self._numpy_layout = [(name, numpy_dtypes[name], offset // numpy_dtypes[name].itemsize,
                                (offset + nbytes) // numpy_dtypes[name].itemsize, shape)
                               for name, (offset, nbytes, shape, _) in self._layout.items()]
+        _compile_kernels(self.fields)
 
     def write(self, reservation: Reservation) -> None:
         n = reservation.n
@@ -110,6 +111,30 @@ class CompiledReplay(PrioritizedReplay, compiled=True):
 
     def _min_version_or_lowest(self) -> int:
         return _LOWEST_VERSION if self._min_version is None else self._min_version
+
+
+_compiled_for: set[tuple] = set()  # the field layouts whose kernels this process has run
+
+
+def _compile_kernels(fields) -> None:
+    """Run every kernel once on a scratch buffer of these fields (columns read-only as from the wire, and
+    writable), so that numba compiles them, or loads its cache, now: not in a learner's first insert and
+    sample, where on a loaded machine it stalled the streams and even status calls for up to a minute."""
+    layout = tuple((name, shape, dtype) for name, (shape, dtype) in fields.items())
+    if layout in _compiled_for:
+        return
+    _compiled_for.add(layout)  # first: the scratch buffer's own __init__ comes back here
+    scratch = CompiledReplay(2, fields)
+    for writable in (True, False):
+        columns = {name: np.zeros((1, *shape), numpy_dtype(dtype)) for name, (shape, dtype) in fields.items()}
+        for column in columns.values():
+            column.setflags(write=writable)
+        for version, priorities in enumerate((None, np.ones(1))):  # 4 items in 2 slots: wraps too
+            scratch.add(columns, priorities, policy_version=version)
+    with torch.random.fork_rng(devices=[]):  # sampling draws from torch's generator: leave it as it was
+        sample = scratch.sample(1)
+        scratch.update_priorities(sample.indices, torch.ones(1))
+        scratch.sample(1, min_policy_version=1)
 
 
 def _raise_for_priorities(code: int) -> None:
