@@ -13,10 +13,10 @@ from pathlib import Path
 import gymnasium as gym
 
 from actorlearner.algorithms import Policy, make_config, resolve
-from actorlearner.envs import make_env
-from actorlearner.envs.multiagent import is_multi_agent, seat_spaces
 from actorlearner.checkpoint.parts import CheckpointError
 from actorlearner.checkpoint.store import read_checkpoint
+from actorlearner.envs import make_env
+from actorlearner.envs.multiagent import is_multi_agent, seat_spaces
 from actorlearner.evaluation import EvalResult, episode_shares, evaluate
 
 

@@ -21,9 +21,9 @@ from actorlearner.algorithms.r2d2 import R2D2Config
 from actorlearner.algorithms.sac import SACConfig
 from actorlearner.algorithms.td3 import TD3Config
 from actorlearner.config import LearnerConfig
-from actorlearner.learner.checkpoint import (
-    MAGIC, CheckpointError, CheckpointStore, load_rng_state, read_part, rng_state, write_part,
-)
+from actorlearner.checkpoint.parts import MAGIC, CheckpointError, read_part, write_part
+from actorlearner.checkpoint.rng import load_rng_state, rng_state
+from actorlearner.checkpoint.store import CheckpointStore
 from actorlearner.learner.learner import Learner
 from actorlearner.v1 import learner_pb2 as pb
 
@@ -104,14 +104,18 @@ def test_non_contiguous_and_unsigned_tensors_round_trip(tmp_path):
 
 def test_dqn_state_dict_restores_the_same_network(tmp_path):
     obs_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
-    agent = DQN(obs_space, gym.spaces.Discrete(2))
+    spec = DQN(obs_space, gym.spaces.Discrete(2))
+    agent = spec.make_trainer()
     CheckpointStore(tmp_path).save(10, {"algorithm": agent.state_dict()})
 
-    fresh = DQN(obs_space, gym.spaces.Discrete(2))
+    fresh = spec.make_trainer()
     step, parts = CheckpointStore(tmp_path).load_latest()
     fresh.load_state_dict(parts["algorithm"])
     obs = np.random.default_rng(0).uniform(-1, 1, (16, 4)).astype(np.float32)
-    np.testing.assert_array_equal(fresh.act(obs, 0.0), agent.act(obs, 0.0))
+    fresh_policy, agent_policy = spec.make_policy(), spec.make_policy()
+    fresh_policy.load_policy_state_dict(fresh.policy_state_dict())
+    agent_policy.load_policy_state_dict(agent.policy_state_dict())
+    np.testing.assert_array_equal(fresh_policy.act(obs, 0.0), agent_policy.act(obs, 0.0))
     for key, value in agent.state_dict().items():
         if isinstance(value, torch.Tensor):
             assert torch.equal(parts["algorithm"][key], value)
@@ -164,7 +168,7 @@ def two_checkpoints(tmp_path) -> tuple[CheckpointStore, dict]:
 
 
 def assert_falls_back(store, previous, caplog, reason: str) -> None:
-    with caplog.at_level(logging.WARNING, logger="actorlearner.learner.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="actorlearner.checkpoint.store"):
         step, parts = store.load_latest()
     assert step == 1
     assert_parts_equal(parts, previous)
@@ -361,7 +365,7 @@ def ingest(learner: Learner, actor_id: str, seq: int, n: int = 32) -> bool:
     """Insert one batch of random transitions in the learner's item layout as ``actor_id``'s ``seq``."""
     rng = np.random.default_rng(seq)
     fields = {}
-    for name, (shape, dtype) in learner.algorithm.transition_fields().items():
+    for name, (shape, dtype) in learner.algorithm.spec.transition_fields().items():
         values = rng.uniform(-1, 1, (n, *shape))
         fields[name] = (values if dtype.is_floating_point else values > 0).astype(wire.np_dtype(dtype))
     fields.update(reward=np.ones_like(fields["reward"]), discount=np.full_like(fields["discount"], 0.97))

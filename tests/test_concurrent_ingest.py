@@ -73,17 +73,17 @@ def test_a_batch_is_stored_while_another_insert_is_open_and_a_checkpoint_waits_f
 
             checkpoint = threading.Thread(target=learner.checkpoint)
             checkpoint.start()
-            wait_until(lambda: learner._gate_closed, 30, "the checkpoint to wait for the open insert")
+            wait_until(lambda: learner.ingestion.gate_closed, 30, "the checkpoint to wait for the open insert")
             stream.send(batch(4, n=32))  # a new insert: held at the gate until the checkpoint's instant
             assert checkpoint.is_alive()
             learner.replay.write(open_insert)
             with learner.replay_lock:
                 learner.replay.commit(open_insert)
-                learner._inserts_changed.notify_all()
+                learner.ingestion.inserts_changed.notify_all()
             checkpoint.join(60)
             assert not checkpoint.is_alive()
             assert stream.next("ack").ack.seq == 4  # the gate opened again
         finally:
             stream.close()
     restored = Learner(config)  # from the checkpoint: the open insert whole and batches 1-3, not batch 4
-    assert len(restored.replay) == 64 + 3 * 32 and restored._seq_table == {"fast": 3}
+    assert len(restored.replay) == 64 + 3 * 32 and restored.registry.seq_table == {"fast": 3}

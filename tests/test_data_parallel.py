@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from actorlearner.config import LearnerConfig
-from actorlearner.learner.checkpoint import CheckpointStore
+from actorlearner.checkpoint.store import CheckpointStore
 from actorlearner.learner.distributed import World, local_device, resolve_world
 from actorlearner.learner.learner import Learner
 from actorlearner.trained import load_trained

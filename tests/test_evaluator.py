@@ -4,7 +4,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from actorlearner.learner.evaluator import EvalResult, episode_shares, evaluate
+from actorlearner.evaluation import EvalResult, episode_shares, evaluate
 
 
 class StairsEnv(gym.Env):

@@ -10,15 +10,15 @@ from typing import Any
 import gymnasium as gym
 
 from actorlearner import wire
-from actorlearner.algorithms import Algorithm
+from actorlearner.algorithms import Policy
+from actorlearner.evaluation import EvalResult, evaluate, summarize
 from actorlearner.league.league import League
 from actorlearner.league.opponents import PolicyPlayer, ScriptedPlayer, load_scripted
 from actorlearner.league.seat import Game, Player, SeatEnv
-from actorlearner.learner.evaluator import EvalResult, evaluate, summarize
 from actorlearner.v1 import learner_pb2 as pb
 
 
-def play_games(policy: Algorithm, make_env: Callable[[], Any], make_player: Callable[[int], Player], games: int,
+def play_games(policy: Policy, make_env: Callable[[], Any], make_player: Callable[[int], Player], games: int,
                num_envs: int, seed: int) -> tuple[EvalResult, Counter]:
     """``games`` greedy games of ``policy`` against the player ``make_player(i)`` makes for env ``i``;
     env i starts at seat i, so the seats alternate. Returns the learning seat's returns and its
@@ -30,9 +30,8 @@ def play_games(policy: Algorithm, make_env: Callable[[], Any], make_player: Call
         slot = next(slots)
         player = make_player(slot)
         return SeatEnv(make_env(), lambda: player, played.append, first_seat=slot)
-    recurrent = hasattr(policy, "reset_memory")
-    result = evaluate(lambda obs: policy.act(obs, 0.0), seat_env, games, 1 if recurrent else min(num_envs, games), seed,
-                      getattr(policy, "reset_memory", None))
+    result = evaluate(lambda obs: policy.act(obs, 0.0), seat_env, games, 1 if policy.recurrent else min(num_envs, games),
+                      seed, policy.reset_memory)
     return result, Counter(g.outcome for g in played)
 
 
@@ -41,7 +40,7 @@ def scripted(name: str, spaces: tuple[gym.Space, gym.Space], seed: int) -> Calla
     return lambda slot: ScriptedPlayer(name, load_scripted(name, *spaces, seed + slot))
 
 
-def evaluate_league(league: League, policy: Algorithm, opponent: Algorithm, make_env: Callable[[], Any],
+def evaluate_league(league: League, policy: Policy, opponent: Policy, make_env: Callable[[], Any],
                     spaces: tuple[gym.Space, gym.Space], num_envs: int, seed: int) -> EvalResult:
     """``league.config.eval_games`` games against each scripted player (the league's and the
     evaluation-only ones) and each of the ``eval_snapshots`` newest snapshots, played by

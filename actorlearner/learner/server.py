@@ -10,8 +10,11 @@ import grpc
 
 from actorlearner import wire
 from actorlearner.health import Health
-from actorlearner.learner.learner import ActorStream, IngestAborted, Learner, Refusal
+from actorlearner.learner.ingest import IngestAborted
+from actorlearner.learner.learner import Learner
 from actorlearner.learner.parameters import ParameterError
+from actorlearner.learner.registry import ActorStream
+from actorlearner.learner.spec import Refusal
 from actorlearner.streaming.broadcast import ONNX_FORMAT, PolicyBroadcast
 from actorlearner.streaming.served import ServedStream
 from actorlearner.streaming.service import StreamCap, learner_server, parsed, read_hello
@@ -164,7 +167,8 @@ class LearnerService(pb_grpc.LearnerServicer):
                                                    f"{type(exc).__name__}: {exc}")
 
     def _handle(self, stream: LearnerServedStream, session: ActorStream, message: pb.ActorMessage) -> None:
-        """Store a batch and ack it, or account episode stats, for ``session`` (a relay's actor's: acked by actor_id)."""
+        """Store a batch and ack it, or account episode stats, for ``session`` (a relay's actor's: acked
+        by actor_id)."""
         if message.WhichOneof("kind") == "batch":
             inserted = self.learner.ingest(session, message.batch)
             stream.push(pb.LearnerMessage(actor_id=message.actor_id, ack=pb.Ack(

@@ -1,0 +1,140 @@
+"""The actors the learner knows: their records and streams, Ape-X indices, time to live and seq table."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from actorlearner import telemetry
+from actorlearner.v1 import learner_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ActorRecord:
+    """What the learner knows of one actor id, across reconnects, until it has been gone ``actor_ttl``."""
+
+    actor_id: str
+    index: int | None = None  # Ape-X index, distinct among connected actors; kept as a preference after
+    policy_version: int = -1
+    streams: int = 0  # open streams: a reconnect may open the new one before the old one closes
+    last_seen: float = field(default_factory=time.time)
+    duplicates: int = 0  # batches acked as duplicates, over all streams
+    transitions: int = 0  # stored from this actor
+    batches: telemetry.RateMeter = field(default_factory=telemetry.RateMeter)  # stored batches; .total counts them
+    via: str = ""  # the relay its newest stream comes through; empty if direct
+    relay: bool = False  # a relay's own stream: it takes no Ape-X index
+
+    @property
+    def connected(self) -> bool:
+        return self.streams > 0
+
+    def saw_version(self, version: int, newest: int) -> None:
+        """The actor reported running ``version``; counted at most as the learner's ``newest`` (lag >= 0)."""
+        self.policy_version = max(self.policy_version, min(version, newest))
+
+
+@dataclass
+class ActorStream:
+    """One Connect stream of an actor, as ingest sees it."""
+
+    record: ActorRecord
+    hello_version: int  # the policy version the actor held when it opened the stream
+    ended: threading.Event = field(default_factory=threading.Event)  # set when the stream is gone
+    duplicates: int = 0  # batches acked as duplicates on this stream
+
+
+class ActorRegistry:
+    """Actor records by id, and the seq table: the highest stored seq per actor id, the duplicate filter.
+
+    ``seq_table`` is read and written under the replay lock (it changes with the replay's
+    contents); the records under :attr:`lock`, taken after the replay lock when both are needed.
+    """
+
+    def __init__(self, actor_ttl: float, num_actors: int, max_unacked: int, replay_lock: threading.Lock):
+        self.actor_ttl, self.num_actors, self.max_unacked = actor_ttl, num_actors, max_unacked
+        self.replay_lock = replay_lock
+        self.lock = threading.Lock()
+        self.actors: dict[str, ActorRecord] = {}
+        self.seq_table: dict[str, int] = {}
+        self._last_forget = 0.0
+
+    def connect(self, hello: pb.Hello, via: str, version: int) -> ActorStream:
+        """Open a stream for an actor id (known or new), directly or through relay ``via``, while the
+        learner's version is ``version``; while connected an actor (not a relay) holds a distinct Ape-X index."""
+        self.forget_departed()
+        with self.lock:
+            record = self.actors.get(hello.actor_id)
+            if record is None:
+                record = self.actors[hello.actor_id] = ActorRecord(hello.actor_id)
+            record.via, record.relay = via, hello.relay
+            if record.streams == 0 and not hello.relay:
+                record.index = self._free_index(record.index)
+            record.streams += 1
+            record.last_seen = time.time()
+            record.policy_version = min(hello.policy_version, version)
+            return ActorStream(record, hello.policy_version)
+
+    def disconnect(self, stream: ActorStream) -> None:
+        stream.ended.set()
+        with self.lock:
+            stream.record.streams -= 1
+            stream.record.last_seen = time.time()
+
+    def forget_departed(self, min_interval: float = 1.0) -> None:
+        """Drop actors gone longer than ``actor_ttl``, with their duplicate filters (at most every ``min_interval`` s).
+
+        Every pod restart on Kubernetes is a new actor id: without this, records grow forever.
+        An actor that comes back later is treated as new.
+        """
+        now = time.time()
+        if now - self._last_forget < min_interval:
+            return
+        self._last_forget = now
+        cutoff = now - self.actor_ttl
+        with self.replay_lock, self.lock:
+            gone = [r.actor_id for r in self.actors.values() if not r.connected and r.last_seen < cutoff]
+            for actor_id in gone:
+                del self.actors[actor_id]
+                self.seq_table.pop(actor_id, None)
+        if gone:
+            logger.info("forgot %d actors gone longer than %.0f s", len(gone), self.actor_ttl)
+
+    def _free_index(self, previous: int | None) -> int:
+        """The Ape-X index for an actor (re)connecting: its previous one if free, else the least used."""
+        n = max(self.num_actors, 1)
+        taken = Counter(r.index for r in self.actors.values() if r.connected)
+        if previous is not None and previous < n and not taken[previous]:
+            return previous
+        return min(range(n), key=lambda i: (taken[i], i))
+
+    def duplicate(self, stream: ActorStream, seq: int) -> bool:
+        """Whether ``seq`` was stored already (a resend). More of them on one stream than a window
+        suggests the actor's seqs restarted below what it sent before, so that nothing it sends is
+        stored: warned once per stream (and counted in status). Not refused: a learner restarted
+        with a smaller window cannot tell that from a legal resend of the actor's older, larger window."""
+        stored = self.seq_table.get(stream.record.actor_id, -1)
+        if seq > stored:
+            return False
+        stream.duplicates += 1
+        stream.record.duplicates += 1
+        if stream.duplicates == self.max_unacked + 1:
+            logger.warning("actor %s: %d batches on one stream had seqs not above %d, the highest stored for this "
+                           "actor_id: more than a window (%d). If the actor's seqs restarted, nothing it sends is "
+                           "stored: it must continue above %d or use a new actor_id", stream.record.actor_id,
+                           stream.duplicates, stored, self.max_unacked, stored)
+        return True
+
+    def records(self) -> list[ActorRecord]:
+        """Every remembered actor, now."""
+        with self.lock:
+            return list(self.actors.values())
+
+    def restore(self, seq_table: dict[str, int]) -> None:
+        """A checkpoint's seq table; its actors are remembered as gone since the restore."""
+        self.seq_table = dict(seq_table)
+        self.actors = {actor_id: ActorRecord(actor_id) for actor_id in self.seq_table}

@@ -1,0 +1,129 @@
+"""The learner's optional roles behind one set of hooks: :class:`Roles` is a learner with none, and
+:class:`SelfPlay` keeps a league of past policies for a multi-agent env."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from actorlearner import wire
+from actorlearner.config import LearnerConfig
+from actorlearner.envs import make_env
+from actorlearner.evaluation import EvalResult
+from actorlearner.league import League
+from actorlearner.league.evaluation import evaluate_league
+from actorlearner.league.opponents import load_scripted
+from actorlearner.learner.spec import Refusal
+from actorlearner.metrics import Metric
+from actorlearner.streaming.broadcast import ONNX_FORMAT
+from actorlearner.telemetry import Telemetry
+from actorlearner.v1 import learner_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+
+class Roles:
+    """The hooks the learner calls at each step an optional role may take part in; these do nothing."""
+
+    league: League | None = None
+
+    def refuse_hello(self, hello: pb.Hello) -> Refusal | None:
+        """A reason this role cannot serve the stream ``hello`` opens, or None."""
+        return None
+
+    def check_batch(self, batch: pb.TrajectoryBatch) -> None:
+        """WireError for a batch this role cannot take, before anything is stored."""
+        if batch.games or batch.opponents:
+            raise wire.WireError("this learner keeps no league: a batch must not carry games or opponents")
+
+    def record_batch(self, batch: pb.TrajectoryBatch) -> None:
+        """A batch was stored (under the replay lock, with it: exactly once)."""
+
+    def published(self, version: int, payload: bytes) -> None:
+        """The learner published ``version`` as ``payload``."""
+
+    def welcome(self, settings: pb.Settings) -> None:
+        """Add this role's settings to those a Welcome sends."""
+
+    def evaluate(self, policy: Any, seed: int, step: int) -> EvalResult | None:
+        """This role's evaluation of ``policy`` instead of the greedy episodes, or None for those."""
+        return None
+
+    def evaluated(self) -> None:
+        """Log this role's part of the evaluation just logged."""
+
+    def scalars(self) -> dict[str, float]:
+        """TensorBoard scalars, written with the trainer's."""
+        return {}
+
+    def metrics(self) -> list[Metric]:
+        return []
+
+    def status(self) -> pb.LeagueStatus | None:
+        return None
+
+    def state(self) -> dict | None:
+        """A checkpoint part, or None for none."""
+        return None
+
+    def load_state(self, part: Mapping) -> None:
+        """Restore :meth:`state`'s part."""
+
+
+class SelfPlay(Roles):
+    """Self-play: a league of snapshots and scripted players the actors' opponents are drawn from, and
+    evaluation games against them. Its actors connect directly and take state_dict policies."""
+
+    def __init__(self, config: LearnerConfig, opponent: Any, spaces: tuple, telemetry: Telemetry,
+                 on_change: Callable[[], None]):
+        self.config, self.opponent, self.spaces, self.telemetry = config, opponent, spaces, telemetry
+        self.league = League(config.league, config.chunk_bytes, on_change)
+        for script in config.league.evaluated_players():  # fail now, not in an actor
+            load_scripted(script, *spaces, config.seed)
+
+    def refuse_hello(self, hello: pb.Hello) -> Refusal | None:
+        if hello.relay or hello.policy_format == ONNX_FORMAT:
+            return Refusal("FAILED_PRECONDITION", "this learner keeps a self-play league: its actors connect "
+                                                  "directly (no relays) and take state_dict policies (no onnx)")
+        return None
+
+    def check_batch(self, batch: pb.TrajectoryBatch) -> None:
+        self.league.check(batch)
+
+    def record_batch(self, batch: pb.TrajectoryBatch) -> None:
+        self.league.record(batch)
+
+    def published(self, version: int, payload: bytes) -> None:
+        self.league.published(version, payload)
+
+    def welcome(self, settings: pb.Settings) -> None:
+        settings.league.CopyFrom(pb.LeagueSettings(
+            enabled=True, opponent_exploration=self.config.league.opponent_exploration))
+
+    def evaluate(self, policy: Any, seed: int, step: int) -> EvalResult:
+        """Games against the scripted players and the newest snapshots; their records logged and written."""
+        result = evaluate_league(self.league, policy, self.opponent, lambda: make_env(self.config.env, self.config.security),
+                                 self.spaces, self.config.eval_envs, seed)
+        self.telemetry.scalars({f"eval/win_or_draw_vs/{r.opponent}": (r.wins + r.draws) / (r.wins + r.draws + r.losses)
+                                for r in self.league.evaluation}, step)
+        return result
+
+    def evaluated(self) -> None:
+        logger.info("eval games (wins/draws/losses), rating %.0f: %s", self.league.rating, ", ".join(
+            f"{r.opponent} {r.wins}/{r.draws}/{r.losses}" for r in self.league.evaluation))
+
+    def scalars(self) -> dict[str, float]:
+        return self.league.scalars()
+
+    def metrics(self) -> list[Metric]:
+        return self.league.metrics()
+
+    def status(self) -> pb.LeagueStatus:
+        return self.league.status()
+
+    def state(self) -> dict:
+        return self.league.state()
+
+    def load_state(self, part: Mapping) -> None:
+        self.league.load_state(part)
