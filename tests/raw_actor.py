@@ -54,24 +54,34 @@ class RawActor:
         self._stream.close()
 
 
+_stdout = threading.Lock()
+
+
+def say(line: str) -> None:
+    """Print one whole line: the sender and the ack reader both print, and print writes the text and
+    its newline apart, so that without the lock one line could land inside another ("sending 2 969ack 1 1")."""
+    with _stdout:
+        print(line, flush=True)
+
+
 def main(address: str, actor_id: str, tag: str) -> None:
     actor = RawActor(address, actor_id, float(tag))
     actor.wait_welcome()
-    print("welcome", flush=True)
+    say("welcome")
 
     def report():
         try:
             while True:
                 seq, accepted, reason = actor.ack(timeout=None)
-                print(f"ack {seq} {int(accepted)} {reason}".rstrip(), flush=True)
+                say(f"ack {seq} {int(accepted)} {reason}".rstrip())
         except AssertionError:  # the stream ended: say how, so that a waiting test can tell
-            print(f"ended {actor.ended()}", flush=True)
+            say(f"ended {actor.ended()}")
 
     threading.Thread(target=report, daemon=True).start()
     for line in sys.stdin:
         command, seq, n = line.split()
         assert command == "send", line
-        print(f"sending {seq} {actor.send(int(seq), int(n))}", flush=True)
+        say(f"sending {seq} {actor.send(int(seq), int(n))}")
 
 
 if __name__ == "__main__":
