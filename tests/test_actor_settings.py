@@ -19,8 +19,8 @@ from actorlearner import wire
 from actorlearner.actor.actor import Actor, _cut
 from actorlearner.algorithms import make_spec
 from actorlearner.algorithms.nstep import NStepAssembler
-from actorlearner.config import ActorConfig
 from actorlearner.checkpoint.store import CheckpointStore
+from actorlearner.config import ActorConfig
 from actorlearner.learner.spec import field_specs
 from actorlearner.v1 import learner_pb2 as pb
 

@@ -14,9 +14,9 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from actorlearner import config as cfg
+from actorlearner.checkpoint.parts import CheckpointError
 from actorlearner.config import LearnerConfig
 from actorlearner.envs import make_env
-from actorlearner.checkpoint.parts import CheckpointError
 from actorlearner.learner.learner import Learner
 from actorlearner.trained import evaluate_trained, load_trained
 from procs import CHILD_ENV, FAST_LEARNER

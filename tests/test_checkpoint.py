@@ -20,10 +20,10 @@ from actorlearner.algorithms.dqn import DQN, DQNConfig
 from actorlearner.algorithms.r2d2 import R2D2Config
 from actorlearner.algorithms.sac import SACConfig
 from actorlearner.algorithms.td3 import TD3Config
-from actorlearner.config import LearnerConfig
 from actorlearner.checkpoint.parts import MAGIC, CheckpointError, read_part, write_part
 from actorlearner.checkpoint.rng import load_rng_state, rng_state
 from actorlearner.checkpoint.store import CheckpointStore
+from actorlearner.config import LearnerConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.v1 import learner_pb2 as pb
 

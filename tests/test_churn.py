@@ -6,8 +6,8 @@ import socket
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from actorlearner.config import LearnerConfig
 from actorlearner.checkpoint.store import CheckpointStore
+from actorlearner.config import LearnerConfig
 from actorlearner.learner.learner import Learner
 from procs import FAST_LEARNER, rss_kib, start_learner, status, stop, wait_until
 from streams import RawStream, batch, hello

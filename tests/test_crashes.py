@@ -17,9 +17,9 @@ import pytest
 
 from actorlearner.actor.actor import Actor
 from actorlearner.actor.link import LearnerLink
-from actorlearner.config import ActorConfig, LearnerConfig
 from actorlearner.checkpoint.parts import CheckpointError, read_part
 from actorlearner.checkpoint.store import CheckpointStore
+from actorlearner.config import ActorConfig, LearnerConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.server import serve
 from procs import FAST_LEARNER, free_port, rss_kib, start_actor, start_learner, status, stop, wait_until

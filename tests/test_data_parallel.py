@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from actorlearner.config import LearnerConfig
 from actorlearner.checkpoint.store import CheckpointStore
+from actorlearner.config import LearnerConfig
 from actorlearner.learner.distributed import World, local_device, resolve_world
 from actorlearner.learner.learner import Learner
 from actorlearner.trained import load_trained
