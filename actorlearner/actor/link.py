@@ -21,7 +21,7 @@ import grpc
 import torch
 
 from actorlearner import wire
-from actorlearner.algorithms import Algorithm, fixed_config_json
+from actorlearner.algorithms import Policy, fixed_config_json
 from actorlearner.streaming.reconnect import Reconnecting, Refused, drain
 from actorlearner.streaming.service import CONNECT_METHOD
 from actorlearner.transport import SecurityConfig
@@ -48,7 +48,7 @@ class AppliedWelcome:
     """
 
     welcome: pb.Welcome
-    policy: Algorithm | None
+    policy: Policy | None
     policy_spec: wire.Spec | None
 
     @property
@@ -98,7 +98,7 @@ class LearnerLink(Reconnecting):
 
     def __init__(self, address: str, hello: pb.Hello, max_message_bytes: int,
                  reconnect_initial: float = 0.1, reconnect_max: float = 5.0, security: SecurityConfig | None = None,
-                 build_policy: Callable[[pb.Welcome], Algorithm] | None = None):
+                 build_policy: Callable[[pb.Welcome], Policy] | None = None):
         super().__init__(address, security, max_message_bytes, reconnect_initial, reconnect_max, "learner-link")
         self.hello = hello
         self.build_policy = build_policy
