@@ -144,7 +144,9 @@ def measure(case_name: str, runs: int, workdir: str) -> dict:
     learner = Learner(config)
     rng = np.random.default_rng(0)
     fill(learner, rng)
-    lock = learner.replay_lock = TimedLock(learner.replay_lock)
+    lock = TimedLock(learner.replay_lock)
+    for part in (learner, learner.registry, learner.ingestion, learner.trainer):  # each holds the replay's lock
+        part.replay_lock = lock
     payload = wire.encode_batch(random_columns(learner.fields, BATCH, rng))
     batch = pb.ActorMessage.FromString(wire.encode_batch_message(0, 0, BATCH, payload, wire.Codec.MSGPACK)).batch
     record = learner.connect(pb.Hello(actor_id="bench", policy_version=-1))
