@@ -15,8 +15,6 @@ import grpc
 from actorlearner import wire
 from actorlearner.transport import SecurityConfig, grpc_options, open_channel
 
-logger = logging.getLogger(__name__)
-
 # Statuses that mean "this client can never be served": retrying would not help.
 FATAL_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
                grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
@@ -64,7 +62,7 @@ class Reconnecting:
     A subclass serves one stream in :meth:`_serve_stream` (setting ``_call`` so that :meth:`close`
     can cancel it, and counting ``connects`` once the stream is welcomed), hears of each
     stream's end in :meth:`_stream_ended`, and of a refusal for good in :meth:`_refused`. A
-    welcomed stream resets the backoff, however it ended.
+    welcomed stream resets the backoff, however it ended. The loop logs as the subclass's module.
     """
 
     def __init__(self, address: str, security: SecurityConfig | None, max_message_bytes: int,
@@ -106,6 +104,7 @@ class Reconnecting:
         raise NotImplementedError
 
     def _run(self) -> None:
+        logger = logging.getLogger(type(self).__module__)
         backoff = Backoff(self.reconnect_initial, self.reconnect_max)
         options = reconnect_options(self.max_message_bytes)
         while not self._closing.is_set():
