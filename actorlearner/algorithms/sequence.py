@@ -11,9 +11,9 @@ Consecutive sequences of an episode share ``overlap`` steps: once full, a sequen
 emitted and the next begins with its last ``overlap`` steps. An episode's end emits the
 sequence under way, padded; the next episode starts a new one.
 
-The policy's recurrent state lives in a `RecurrentState` the algorithm shares with its
+The policy's recurrent state lives in a `RecurrentState` the policy shares with its
 assembler, which reads the state each step was acted from. Zeroing it when an episode
-starts is the algorithm's ``reset_memory``, which the actor calls after each autoreset.
+starts is the policy's ``reset_memory``, which the actor calls after each autoreset.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from actorlearner.networks.leaves import field_name, leaf_arrays, leaf_fields
 
 
 class RecurrentState(Protocol):
-    """An actor's per-env recurrent state, shared by its algorithm and its assembler."""
+    """An actor's per-env recurrent state, shared by its policy and its assembler."""
 
     def acted_from(self) -> dict[str, np.ndarray]:
         """The states [E, ...] the latest actions were chosen from, by name."""
