@@ -88,8 +88,9 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.2):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def stop(*procs: subprocess.Popen, timeout: float = 20) -> list[int]:
-    """SIGTERM each process and return the exit codes (SIGKILL past ``timeout``)."""
+def stop(*procs: subprocess.Popen, timeout: float = 60) -> list[int]:
+    """SIGTERM each process and return the exit codes (SIGKILL past ``timeout``: generous, since a
+    draining process shares two cores with the other xdist worker's processes)."""
     for proc in procs:
         if proc.poll() is None:
             proc.terminate()

@@ -168,7 +168,7 @@ def test_self_play_learns_tic_tac_toe_that_beats_random_play_and_holds_the_heuri
     assert json.loads(exported.stdout)["verified"]
 
 
-# The two quickest last: the worker that runs this module takes its next module with two tests to go.
+# Two quick ones last: the worker running this module is handed its next module with two tests to go.
 @pytest.mark.learning
 def test_run_solves_frozen_lake_from_its_discrete_observation():
     """Discrete(16) observations, one-hot inside the network; not slippery, so 1.0 is reachable."""
