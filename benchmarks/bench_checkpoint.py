@@ -145,7 +145,7 @@ def measure(case_name: str, runs: int, workdir: str) -> dict:
     rng = np.random.default_rng(0)
     fill(learner, rng)
     lock = TimedLock(learner.replay_lock)
-    for part in (learner, learner.registry, learner.ingestion, learner.trainer):  # each holds the replay's lock
+    for part in (learner, learner.registry, learner.ingestion, learner.training):  # each holds the replay's lock
         part.replay_lock = lock
     payload = wire.encode_batch(random_columns(learner.fields, BATCH, rng))
     batch = pb.ActorMessage.FromString(wire.encode_batch_message(0, 0, BATCH, payload, wire.Codec.MSGPACK)).batch

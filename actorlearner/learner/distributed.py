@@ -84,7 +84,34 @@ def local_device(device: torch.device, environ: Mapping[str, str] | None = None)
     return torch.device("cuda", _env_int(os.environ if environ is None else environ, "LOCAL_RANK") or 0)
 
 
-class DataParallel:
+class SingleRank:
+    """A learner on its own: a world of one, where every agreement is the rank's own word."""
+
+    def __init__(self, world: World):
+        self.world = world
+
+    def agree(self, ready: bool, stop: bool, checkpoint: bool) -> tuple[bool, bool, bool]:
+        return ready, stop, checkpoint
+
+    def extremes(self, value: int) -> tuple[int, int]:
+        return value, value
+
+    def check_same(self, what: str, text: str) -> None:
+        """Nothing to compare with."""
+
+    def average_gradients(self, trainer: Trainer) -> None:
+        """One rank's gradients are their own mean."""
+
+    def broadcast_state(self, trainer: Trainer) -> None:
+        """No other rank to follow."""
+
+
+def join_world(world: World, device: torch.device, timeout: float) -> SingleRank | DataParallel:
+    """This learner's place among the ranks: the process group when there are others, else a world of one."""
+    return DataParallel(world, device, timeout) if world.size > 1 else SingleRank(world)
+
+
+class DataParallel(SingleRank):
     """One rank's membership of the process group (joined on construction, waiting for every rank)."""
 
     def __init__(self, world: World, device: torch.device, timeout: float):

@@ -16,7 +16,7 @@ from actorlearner.evaluation import EvalResult, evaluate
 from actorlearner.streaming.broadcast import PolicyBroadcast
 from actorlearner.learner.ingest import Ingest
 from actorlearner.learner.roles import Roles
-from actorlearner.learner.trainer import Trainer
+from actorlearner.learner.trainer import TrainingLoop
 
 logger = logging.getLogger(__name__)
 
@@ -25,11 +25,11 @@ class Evaluation:
     """Greedy episodes (or the roles' own games) with ``policy``, a CPU twin that loads each version from
     the same bytes the actors get; every ``eval_every`` seconds on its own thread (:meth:`run`)."""
 
-    def __init__(self, config: LearnerConfig, policy: Any, broadcast: PolicyBroadcast, trainer: Trainer,
+    def __init__(self, config: LearnerConfig, policy: Any, broadcast: PolicyBroadcast, training: TrainingLoop,
                  ingestion: Ingest, roles: Roles, telemetry_writer: telemetry.Telemetry,
                  checkpoints: CheckpointStore | None, run_record: Callable[[], dict]):
         self.config, self.policy, self.broadcast = config, policy, broadcast
-        self.trainer, self.ingestion, self.roles, self.telemetry = trainer, ingestion, roles, telemetry_writer
+        self.training, self.ingestion, self.roles, self.telemetry = training, ingestion, roles, telemetry_writer
         self.checkpoints, self.run_record = checkpoints, run_record
         self.evaluations = 0
         self.mean = math.nan
@@ -52,13 +52,13 @@ class Evaluation:
             self.best = result.mean
             if self.checkpoints:
                 self.checkpoints.save_best({"policy": policy.policy_state_dict(), "run": self.run_record()},
-                                           result.mean, step=self.trainer.version)
+                                           result.mean, step=self.training.version)
         return result
 
     def run(self, stopping: threading.Event) -> None:
         """Evaluate every ``eval_every`` seconds once training has begun, until ``stopping``."""
         while not stopping.wait(self.config.eval_every):
-            if self.trainer.updates == 0:
+            if self.training.updates == 0:
                 continue
             try:
                 result = self.evaluate()
@@ -66,5 +66,5 @@ class Evaluation:
                 logger.warning("evaluation failed, trying again in %.0f s: %s", self.config.eval_every, exc)
                 continue
             logger.info("eval after %d updates (version %d): mean %.1f std %.1f min %.0f max %.0f",
-                        self.trainer.updates, self.trainer.version, result.mean, result.std, result.min, result.max)
+                        self.training.updates, self.training.version, result.mean, result.std, result.min, result.max)
             self.roles.evaluated()

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 
 from actorlearner import telemetry, wire
-from actorlearner.learner.registry import ActorRegistry, ActorStream
+from actorlearner.learner.registry import ActorRegistry, ActorSession
 from actorlearner.learner.roles import Roles
 from actorlearner.replay import PrioritizedReplay, RateLimiter
 from actorlearner.v1 import learner_pb2 as pb
@@ -51,19 +51,19 @@ class Ingest:
         self.recent_return = math.nan
         self._stats_lock = threading.Lock()  # env_steps and recent_return, reported by every stream
 
-    def ingest(self, stream: ActorStream, batch: pb.TrajectoryBatch) -> bool:
+    def ingest(self, session: ActorSession, batch: pb.TrajectoryBatch) -> bool:
         """Validate and insert a batch unless its seq was stored; True if inserted, False if a duplicate.
 
         Raises WireError for bad input, before anything is inserted. Waits on the rate
         limiter (backpressure that reaches the actor through gRPC flow control) until the
         stream ends or the learner drains (IngestAborted). The limiter counts only what was stored.
         """
-        record = stream.record
+        record = session.record
         record.last_seen = time.time()
         seq_table = self.registry.seq_table
-        if self.registry.duplicate(stream, batch.seq):
+        if self.registry.duplicate(session, batch.seq):
             return False
-        newest = max(self.current_version(), stream.hello_version)
+        newest = max(self.current_version(), session.hello_version)
         if not 0 <= batch.policy_version <= newest:
             raise wire.WireError(f"policy_version must be in [0, {newest}] (the newest version this learner or "
                                  f"the actor's Hello knows), got {batch.policy_version}")
@@ -71,7 +71,7 @@ class Ingest:
         self.roles.check_batch(batch)
         arrays = wire.decode_batch(batch.payload, batch.codec, self.fields, n, self.max_message_bytes)
         priorities = wire.decode_priorities(batch.priorities, n)
-        self._acquire_insert(stream, n)
+        self._acquire_insert(session, n)
         reservation, inserted = None, False
         try:
             with self.replay_lock:
@@ -107,14 +107,14 @@ class Ingest:
         self.insert_meter.add(n)
         return True
 
-    def _acquire_insert(self, stream: ActorStream, n: int) -> None:
+    def _acquire_insert(self, session: ActorSession, n: int) -> None:
         """Wait for the rate limiter's room for ``n`` items; IngestAborted once the stream or the learner ends."""
         while not self.limiter.acquire_insert(n, timeout=LIMITER_POLL_SECONDS):
             if self.stopping.is_set():
                 raise IngestAborted("the learner is shutting down")
-            if stream.ended.is_set():
+            if session.ended.is_set():
                 raise IngestAborted("the stream ended")
-        if stream.ended.is_set():
+        if session.ended.is_set():
             self.limiter.refund_insert(n)
             raise IngestAborted("the stream ended")
 
@@ -132,10 +132,10 @@ class Ingest:
         with self.replay_lock:
             self.sealed = True
 
-    def record_episodes(self, stream: ActorStream, stats: pb.EpisodeStats) -> None:
+    def record_episodes(self, session: ActorSession, stats: pb.EpisodeStats) -> None:
         """Account an actor's env steps and finished episodes."""
-        stream.record.last_seen = time.time()
-        stream.record.saw_version(stats.policy_version, self.current_version())
+        session.record.last_seen = time.time()
+        session.record.saw_version(stats.policy_version, self.current_version())
         finished = [(r, n) for r, n in zip(stats.returns, stats.lengths) if math.isfinite(r)]
         with self._stats_lock:
             self.env_steps += stats.env_steps

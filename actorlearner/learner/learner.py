@@ -2,7 +2,7 @@
 
 Who does what: :mod:`.registry` knows the actors and their seqs; :mod:`.ingest` stores their
 batches exactly once; :mod:`.trainer` is the loop that samples, updates and publishes (one update
-is ``Trainer._learn``); :mod:`.publishing` sends each version out; :mod:`.evaluating` scores it;
+is ``TrainingLoop._learn``); :mod:`.publishing` sends each version out; :mod:`.evaluating` scores it;
 :mod:`.state` checkpoints and resumes; :mod:`.status` reports; :mod:`.roles` holds the optional ones.
 """
 
@@ -24,16 +24,16 @@ from actorlearner.envs import make_env
 from actorlearner.envs.multiagent import is_multi_agent, seat_spaces
 from actorlearner.evaluation import EvalResult
 from actorlearner.learner import state, status
-from actorlearner.learner.distributed import DataParallel, local_device, resolve_world
+from actorlearner.learner.distributed import join_world, local_device, resolve_world
 from actorlearner.learner.evaluating import Evaluation
 from actorlearner.learner.ingest import Ingest
 from actorlearner.learner.onnx_feed import OnnxFeed
 from actorlearner.learner.parameters import Change, ParameterError, plan
 from actorlearner.learner.publishing import Publishing
-from actorlearner.learner.registry import ActorRegistry, ActorStream
+from actorlearner.learner.registry import ActorRegistry, ActorSession
 from actorlearner.learner.roles import Roles, SelfPlay
 from actorlearner.learner.spec import Refusal, check_hello, field_specs
-from actorlearner.learner.trainer import Trainer
+from actorlearner.learner.trainer import TrainingLoop
 from actorlearner.metrics import Metric
 from actorlearner.replay import PrioritizedReplay, RateLimiter
 from actorlearner.streaming.broadcast import PolicyBroadcast
@@ -120,44 +120,42 @@ class Learner:
         self.learner_id = uuid.uuid4().hex[:12]
         self.stopping = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.data_parallel = DataParallel(self.world, self.device, config.dist_timeout) if self.world.size > 1 else None
+        self.data_parallel = join_world(self.world, self.device, config.dist_timeout)
 
         self.registry = ActorRegistry(config.actor_ttl, config.num_actors, config.max_unacked, self.replay_lock)
-        self.trainer = Trainer(config, algorithm, self.replay, self.replay_lock, self.limiter, self.publishing,
-                               self.roles, self.telemetry, self.stopping, self.data_parallel,
-                               lambda: status.rates(self))
-        self.failed = self.trainer.failed  # training raised: the process should drain and exit non-zero
+        self.training = TrainingLoop(config, algorithm, self.replay, self.replay_lock, self.limiter, self.publishing,
+                                     self.roles, self.telemetry, self.stopping, self.data_parallel,
+                                     lambda: status.rates(self))
+        self.failed = self.training.failed  # training raised: the process should drain and exit non-zero
         self.ingestion = Ingest(self.fields, config.max_message_bytes, self.replay, self.replay_lock, self.limiter,
-                                self.registry, self.roles, self.telemetry, self.stopping, lambda: self.trainer.version)
-        self.evaluation = Evaluation(config, eval_policy, self.broadcast, self.trainer, self.ingestion, self.roles,
+                                self.registry, self.roles, self.telemetry, self.stopping, lambda: self.training.version)
+        self.evaluation = Evaluation(config, eval_policy, self.broadcast, self.training, self.ingestion, self.roles,
                                      self.telemetry, self.checkpoints, self.run_record)
-        if self.data_parallel is not None:
-            self.data_parallel.check_same("algorithm, its options, batch_size, publish_every or max_updates", repr(
-                (config.algorithm, config_json(self.algorithm_config), config.batch_size, config.publish_every,
-                 config.max_updates)))
-            self.data_parallel.average_gradients(algorithm)
+        self.data_parallel.check_same("algorithm, its options, batch_size, publish_every or max_updates", repr(
+            (config.algorithm, config_json(self.algorithm_config), config.batch_size, config.publish_every,
+             config.max_updates)))
+        self.data_parallel.average_gradients(algorithm)
         state.restore(self)
-        if self.data_parallel is not None:
-            self.data_parallel.broadcast_state(algorithm)
+        self.data_parallel.broadcast_state(algorithm)
         self.publish()
 
     # -- the parts' numbers, read (and in tests set) here ----------------------------------
 
     @property
     def algorithm(self):
-        return self.trainer.algorithm
+        return self.training.algorithm
 
     @property
     def version(self) -> int:
-        return self.trainer.version
+        return self.training.version
 
     @version.setter
     def version(self, value: int) -> None:
-        self.trainer.version = value
+        self.training.version = value
 
     @property
     def updates(self) -> int:
-        return self.trainer.updates
+        return self.training.updates
 
     @property
     def inserted_batches(self) -> int:
@@ -198,41 +196,41 @@ class Learner:
         """What an actor must send and will receive (the ``GetSpec`` answer); runtime parameters change its algorithm_config."""
         return self._spec
 
-    def connect(self, hello: pb.Hello, via: str = "") -> ActorStream:
+    def connect(self, hello: pb.Hello, via: str = "") -> ActorSession:
         """Open a stream for an actor id (known or new), directly or through relay ``via``."""
         return self.registry.connect(hello, via, self.version)
 
-    def disconnect(self, stream: ActorStream) -> None:
-        self.registry.disconnect(stream)
+    def disconnect(self, session: ActorSession) -> None:
+        self.registry.disconnect(session)
 
-    def welcome(self, stream: ActorStream, version: int) -> pb.Welcome:
+    def welcome(self, session: ActorSession, version: int) -> pb.Welcome:
         """The settings an actor must use, and ``version``, the policy it receives next."""
         c = self.config
         settings = pb.Settings(
             batch_size=c.actor_batch_size, max_unacked=c.max_unacked, codec=int(wire.Codec.parse(c.codec)),
-            actor_priorities=c.actor_priorities, num_actors=max(c.num_actors, 1), actor_index=stream.record.index,
+            actor_priorities=c.actor_priorities, num_actors=max(c.num_actors, 1), actor_index=session.record.index,
             max_message_bytes=c.max_message_bytes, algorithm=c.algorithm,
             algorithm_config=config_json(self.algorithm_config))
         self.roles.welcome(settings)
         return pb.Welcome(learner_id=self.learner_id, policy_version=version, settings=settings,
                           batch_fields=self.batch_fields)
 
-    def ingest(self, stream: ActorStream, batch: pb.TrajectoryBatch) -> bool:
+    def ingest(self, session: ActorSession, batch: pb.TrajectoryBatch) -> bool:
         """Store a batch unless its seq was stored; True if inserted, False if a duplicate (see :class:`Ingest`)."""
-        return self.ingestion.ingest(stream, batch)
+        return self.ingestion.ingest(session, batch)
 
-    def record_episodes(self, stream: ActorStream, stats: pb.EpisodeStats) -> None:
-        self.ingestion.record_episodes(stream, stats)
+    def record_episodes(self, session: ActorSession, stats: pb.EpisodeStats) -> None:
+        self.ingestion.record_episodes(session, stats)
 
     # -- training, publishing, evaluation --------------------------------------------------
 
     def train_step(self) -> bool:
         """One sample -> update -> new priorities; False when the rate limiter says wait."""
-        return self.trainer.train_step()
+        return self.training.train_step()
 
     def publish(self) -> None:
         """Broadcast the current policy as ``self.version``."""
-        self.trainer.publish()
+        self.training.publish()
 
     def evaluate(self) -> EvalResult:
         """Greedy episodes with the latest published policy, decoded from the same bytes actors get."""
@@ -246,7 +244,7 @@ class Learner:
         """
         with self._tune_lock:
             change = plan(self.config, self.algorithm_class, self.algorithm_config, request)
-            if self.data_parallel is not None and not restored:
+            if self.world.size > 1 and not restored:
                 shared = [c.name for c in change.changes
                           if c.name == "publish-every" or c.name.startswith(f"{self.algorithm_class.name}-")]
                 if shared:  # set on one rank only, the parameters or versions would part
@@ -259,9 +257,9 @@ class Learner:
                 with self.replay_lock:
                     self.ingestion.wait_for_open_inserts()
                     self.replay.set_exponents(config.alpha, config.beta)
-            with self.trainer.update_lock:
+            with self.training.update_lock:
                 self.algorithm.retune(change.algorithm)
-            self.config = self.trainer.config = config
+            self.config = self.training.config = config
             self.algorithm_config = change.algorithm
             spec = pb.LearnerSpec()
             spec.CopyFrom(self._spec)
@@ -301,7 +299,7 @@ class Learner:
 
     def start(self) -> None:
         """Start the trainer and, if configured, the periodic evaluator."""
-        self._spawn("trainer", lambda: self.trainer.run(self.checkpoint if self.checkpoints else None))
+        self._spawn("trainer", lambda: self.training.run(self.checkpoint if self.checkpoints else None))
         if self.config.eval_every > 0:
             self._spawn("evaluator", lambda: self.evaluation.run(self.stopping))
 

@@ -21,7 +21,7 @@ class ActorRecord:
     actor_id: str
     index: int | None = None  # Ape-X index, distinct among connected actors; kept as a preference after
     policy_version: int = -1
-    streams: int = 0  # open streams: a reconnect may open the new one before the old one closes
+    sessions: int = 0  # open sessions: a reconnect may open the new one before the old one closes
     last_seen: float = field(default_factory=time.time)
     duplicates: int = 0  # batches acked as duplicates, over all streams
     transitions: int = 0  # stored from this actor
@@ -31,7 +31,7 @@ class ActorRecord:
 
     @property
     def connected(self) -> bool:
-        return self.streams > 0
+        return self.sessions > 0
 
     def saw_version(self, version: int, newest: int) -> None:
         """The actor reported running ``version``; counted at most as the learner's ``newest`` (lag >= 0)."""
@@ -39,13 +39,14 @@ class ActorRecord:
 
 
 @dataclass
-class ActorStream:
-    """One Connect stream of an actor, as ingest sees it."""
+class ActorSession:
+    """One actor's session with the learner, from its Hello to its end: on a stream of its own or joined
+    through a relay's stream."""
 
     record: ActorRecord
     hello_version: int  # the policy version the actor held when it opened the stream
-    ended: threading.Event = field(default_factory=threading.Event)  # set when the stream is gone
-    duplicates: int = 0  # batches acked as duplicates on this stream
+    ended: threading.Event = field(default_factory=threading.Event)  # set when the session is over
+    duplicates: int = 0  # batches acked as duplicates in this session
 
 
 class ActorRegistry:
@@ -63,7 +64,7 @@ class ActorRegistry:
         self.seq_table: dict[str, int] = {}
         self._last_forget = 0.0
 
-    def connect(self, hello: pb.Hello, via: str, version: int) -> ActorStream:
+    def connect(self, hello: pb.Hello, via: str, version: int) -> ActorSession:
         """Open a stream for an actor id (known or new), directly or through relay ``via``, while the
         learner's version is ``version``; while connected an actor (not a relay) holds a distinct Ape-X index."""
         self.forget_departed()
@@ -72,18 +73,18 @@ class ActorRegistry:
             if record is None:
                 record = self.actors[hello.actor_id] = ActorRecord(hello.actor_id)
             record.via, record.relay = via, hello.relay
-            if record.streams == 0 and not hello.relay:
+            if record.sessions == 0 and not hello.relay:
                 record.index = self._free_index(record.index)
-            record.streams += 1
+            record.sessions += 1
             record.last_seen = time.time()
             record.policy_version = min(hello.policy_version, version)
-            return ActorStream(record, hello.policy_version)
+            return ActorSession(record, hello.policy_version)
 
-    def disconnect(self, stream: ActorStream) -> None:
-        stream.ended.set()
+    def disconnect(self, session: ActorSession) -> None:
+        session.ended.set()
         with self.lock:
-            stream.record.streams -= 1
-            stream.record.last_seen = time.time()
+            session.record.sessions -= 1
+            session.record.last_seen = time.time()
 
     def forget_departed(self, min_interval: float = 1.0) -> None:
         """Drop actors gone longer than ``actor_ttl``, with their duplicate filters (at most every ``min_interval`` s).
@@ -112,21 +113,21 @@ class ActorRegistry:
             return previous
         return min(range(n), key=lambda i: (taken[i], i))
 
-    def duplicate(self, stream: ActorStream, seq: int) -> bool:
+    def duplicate(self, session: ActorSession, seq: int) -> bool:
         """Whether ``seq`` was stored already (a resend). More of them on one stream than a window
         suggests the actor's seqs restarted below what it sent before, so that nothing it sends is
         stored: warned once per stream (and counted in status). Not refused: a learner restarted
         with a smaller window cannot tell that from a legal resend of the actor's older, larger window."""
-        stored = self.seq_table.get(stream.record.actor_id, -1)
+        stored = self.seq_table.get(session.record.actor_id, -1)
         if seq > stored:
             return False
-        stream.duplicates += 1
-        stream.record.duplicates += 1
-        if stream.duplicates == self.max_unacked + 1:
+        session.duplicates += 1
+        session.record.duplicates += 1
+        if session.duplicates == self.max_unacked + 1:
             logger.warning("actor %s: %d batches on one stream had seqs not above %d, the highest stored for this "
                            "actor_id: more than a window (%d). If the actor's seqs restarted, nothing it sends is "
-                           "stored: it must continue above %d or use a new actor_id", stream.record.actor_id,
-                           stream.duplicates, stored, self.max_unacked, stored)
+                           "stored: it must continue above %d or use a new actor_id", session.record.actor_id,
+                           session.duplicates, stored, self.max_unacked, stored)
         return True
 
     def records(self) -> list[ActorRecord]:

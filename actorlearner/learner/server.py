@@ -13,7 +13,7 @@ from actorlearner.health import Health
 from actorlearner.learner.ingest import IngestAborted
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.parameters import ParameterError
-from actorlearner.learner.registry import ActorStream
+from actorlearner.learner.registry import ActorSession
 from actorlearner.learner.spec import Refusal
 from actorlearner.streaming.broadcast import ONNX_FORMAT, PolicyBroadcast
 from actorlearner.streaming.served import ServedStream
@@ -34,12 +34,12 @@ class LearnerServedStream(ServedStream):
     """One Connect stream into the learner: the actor's ``session`` with the learner (a relay's own,
     for a relay's stream), the policy broadcast it follows, and what the learner sent on it."""
 
-    def __init__(self, session: ActorStream, broadcast: PolicyBroadcast):
+    def __init__(self, session: ActorSession, broadcast: PolicyBroadcast):
         super().__init__(session.record.actor_id, session.record.relay)
         self.session = session
         self.broadcast = broadcast
         self.settings_version = -1  # the learner's settings_version of the last Welcome sent
-        self.children: dict[str, ActorStream] = {}  # a relay's actors, by id; under cond
+        self.children: dict[str, ActorSession] = {}  # a relay's actors, by id; under cond
         self.refused: set[str] = set()  # a relay's actors refused since they last joined; under cond
         self.league_revision = 0  # the league's revision last sent (self-play)
         self.snapshots_sent: set[str] = set()  # league snapshots whose weights went out on this stream
@@ -166,7 +166,7 @@ class LearnerService(pb_grpc.LearnerServicer):
             stream.fail(grpc.StatusCode.INTERNAL, f"the learner failed on this stream's message: "
                                                    f"{type(exc).__name__}: {exc}")
 
-    def _handle(self, stream: LearnerServedStream, session: ActorStream, message: pb.ActorMessage) -> None:
+    def _handle(self, stream: LearnerServedStream, session: ActorSession, message: pb.ActorMessage) -> None:
         """Store a batch and ack it, or account episode stats, for ``session`` (a relay's actor's: acked
         by actor_id)."""
         if message.WhichOneof("kind") == "batch":

@@ -53,8 +53,7 @@ def restore(learner: Learner) -> None:
     """Resume from the newest usable checkpoint, if there is one; runtime parameters first, so that the
     optimizer state and replay priorities load into the tuned parts."""
     found = learner.checkpoints.load_latest() if learner.checkpoints else None
-    if learner.data_parallel is not None:
-        found = _common_checkpoint(learner, found)
+    found = _common_checkpoint(learner, found)
     if found is None:
         return
     step, parts = found
@@ -72,7 +71,7 @@ def restore(learner: Learner) -> None:
     if "replay" in parts:  # without it the buffer starts empty, and so does the limiter's count
         learner.replay.load_state_dict(parts["replay"])
         learner.limiter.load_state_dict(state)
-    learner.trainer.version, learner.trainer.updates = int(state["version"]), int(state["updates"])
+    learner.training.version, learner.training.updates = int(state["version"]), int(state["updates"])
     learner.ingestion.env_steps = int(state["env_steps"])
     learner.registry.restore({str(k): int(v) for k, v in state["seq_table"].items()})
     if "league" in parts:

@@ -32,7 +32,7 @@ def status(learner: Learner) -> pb.StatusResponse:
     return pb.StatusResponse(
         policy_version=version, updates=learner.updates, buffer_size=len(learner.replay),
         inserted=learner.inserted_batches, insert_rate=learner.ingestion.insert_meter.rate(),
-        sample_rate=learner.trainer.sample_meter.rate(), actors=actors, env_steps=learner.env_steps,
+        sample_rate=learner.training.sample_meter.rate(), actors=actors, env_steps=learner.env_steps,
         evaluations=evaluation.evaluations, eval_mean_return=evaluation.mean if evaluation.evaluations else 0.0,
         eval_best_return=evaluation.best if evaluation.evaluations else 0.0, learner_id=learner.learner_id,
         parameters=_parameters(current_values(learner.config, learner.algorithm_class.name, learner.algorithm_config)),
@@ -50,7 +50,7 @@ def metrics(learner: Learner) -> list[Metric]:
         Metric("updates_total", "Training updates.", learner.updates, counter=True),
         Metric("buffer_size", "Transitions in the replay buffer.", len(learner.replay)),
         Metric("inserts_per_second", "Transitions inserted per second.", learner.ingestion.insert_meter.rate()),
-        Metric("samples_per_second", "Transitions sampled per second.", learner.trainer.sample_meter.rate()),
+        Metric("samples_per_second", "Transitions sampled per second.", learner.training.sample_meter.rate()),
         Metric("env_steps_total", "Env steps reported by actors.", learner.env_steps, counter=True),
         Metric("episode_return", "Mean return of recent actor episodes (NaN before any).", learner.recent_return),
         Metric("eval_mean_return", "Mean return of the last greedy evaluation (NaN before any).", learner.eval_mean),
@@ -77,7 +77,7 @@ def progress(learner: Learner) -> dict[str, Any]:
 def rates(learner: Learner) -> dict[str, float]:
     """The replay's and the policy's numbers the trainer writes to TensorBoard with its own."""
     return {telemetry.REPLAY_SIZE: len(learner.replay), telemetry.REPLAY_INSERT_RATE: learner.ingestion.insert_meter.rate(),
-            telemetry.REPLAY_SAMPLE_RATE: learner.trainer.sample_meter.rate(), telemetry.POLICY_VERSION: learner.version,
+            telemetry.REPLAY_SAMPLE_RATE: learner.training.sample_meter.rate(), telemetry.POLICY_VERSION: learner.version,
             telemetry.POLICY_LAG_MAX: progress(learner)["lag_max"]}
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from actorlearner import telemetry
 from actorlearner.config import LearnerConfig
-from actorlearner.learner.distributed import DataParallel
+from actorlearner.learner.distributed import SingleRank
 from actorlearner.learner.publishing import Publishing
 from actorlearner.learner.roles import Roles
 from actorlearner.replay import NothingRecentEnough, PrioritizedReplay, RateLimiter
@@ -22,7 +22,7 @@ SAMPLE_WAIT_SECONDS = 0.2
 """How long one round waits for the rate limiter's leave to sample (and, training done, between rounds)."""
 
 
-class Trainer:
+class TrainingLoop:
     """Owns the algorithm and the policy version; runs on its own thread (:meth:`run`).
 
     Each update holds ``update_lock`` (a runtime parameter change waits for it); the replay is
@@ -32,7 +32,7 @@ class Trainer:
     def __init__(self, config: LearnerConfig, algorithm: Any, replay: PrioritizedReplay,
                  replay_lock: threading.Lock, limiter: RateLimiter, publishing: Publishing, roles: Roles,
                  telemetry_writer: telemetry.Telemetry, stopping: threading.Event,
-                 data_parallel: DataParallel | None, rates: Callable[[], dict[str, float]]):
+                 data_parallel: SingleRank, rates: Callable[[], dict[str, float]]):
         self.config, self.algorithm = config, algorithm
         self.replay, self.replay_lock, self.limiter = replay, replay_lock, limiter
         self.publishing, self.roles, self.telemetry = publishing, roles, telemetry_writer
@@ -89,8 +89,7 @@ class Trainer:
         """
         sample = self._sample() if train else None
         ready, stop = sample is not None, self.stopping.is_set()
-        if self.data_parallel is not None:
-            ready, stop, checkpoint_due = self.data_parallel.agree(ready, stop, checkpoint_due)
+        ready, stop, checkpoint_due = self.data_parallel.agree(ready, stop, checkpoint_due)
         if not ready:
             if sample is not None:
                 self.limiter.refund_sample(self.config.batch_size)
