@@ -37,7 +37,7 @@ def run_command(config: RunConfig) -> int:
     stop = threading.Event()
     on_signals(stop.set)
     start = time.monotonic()
-    solved = False
+    solved, eval_return = False, None
     curve, evaluations = LearningCurve(), 0
     with serve(learner, "127.0.0.1", 0) as port:
         learner.start()
@@ -48,7 +48,8 @@ def run_command(config: RunConfig) -> int:
             new_eval = learner.evaluations > evaluations
             evaluations = learner.evaluations
             curve.record(elapsed, learner.env_steps, learner.recent_return, learner.eval_mean if new_eval else None)
-            solved = learner.evaluations > 0 and learner.eval_mean >= config.target_return
+            eval_return = learner.eval_mean if learner.evaluations else None
+            solved = eval_return is not None and eval_return >= config.target_return
             if solved or elapsed >= config.max_seconds:
                 break
             if all(a.poll() is not None for a in actors):
@@ -61,12 +62,14 @@ def run_command(config: RunConfig) -> int:
                 sps = learner.env_steps / max(elapsed, 1e-9)
                 print(f"[{elapsed:6.1f}s] {format_progress({**learner.progress(), 'sps': sps})}", file=sys.stderr, flush=True)
         _stop_processes(actors)
-    learner.stop()  # joins an evaluation already under way; its result counts
+    learner.stop()  # joins an evaluation already under way; its result counts if the run was not solved yet
     elapsed = time.monotonic() - start
     curve.record(elapsed, learner.env_steps, learner.recent_return,
                  learner.eval_mean if learner.evaluations > evaluations else None)
-    solved = learner.evaluations > 0 and learner.eval_mean >= config.target_return
-    result = {"solved": solved, "eval_return": learner.eval_mean if learner.evaluations else None,
+    if not solved:
+        solved = learner.evaluations > 0 and learner.eval_mean >= config.target_return
+        eval_return = learner.eval_mean if learner.evaluations else None
+    result = {"solved": solved, "eval_return": eval_return,
               "seconds": round(elapsed, 2), "env_steps": learner.env_steps,
               "updates": learner.updates, "policy_version": learner.version, "run_dir": run_dir}
     if config.plot:
