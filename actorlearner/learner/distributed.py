@@ -105,6 +105,9 @@ class SingleRank:
     def broadcast_state(self, trainer: Trainer) -> None:
         """No other rank to follow."""
 
+    def close(self) -> None:
+        """Nothing to leave."""
+
 
 def join_world(world: World, device: torch.device, timeout: float) -> SingleRank | DataParallel:
     """This learner's place among the ranks: the process group when there are others, else a world of one."""
@@ -190,4 +193,7 @@ class DataParallel(SingleRank):
             trainer.load_state_dict(received)
 
     def close(self) -> None:
-        dist.destroy_process_group()
+        """Leave the process group (once), so that its threads end before the interpreter does: left
+        running, they abort the process at exit (std::terminate, exit -6) after a clean stop."""
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -316,6 +316,7 @@ class Learner:
         self.ingestion.seal()
         if self.checkpoints:
             self.checkpoint()
+        self.data_parallel.close()
         self.telemetry.close()
 
     def _spawn(self, name: str, target) -> None:
