@@ -218,17 +218,26 @@ def test_bad_priorities_raise_and_change_nothing(replay_path, priorities, messag
     with pytest.raises(ValueError, match=message):
         buf.add(batch(4, 4), priorities=priorities)
     with pytest.raises(ValueError, match=message):
+        buf.update_priorities(torch.arange(4), priorities)  # host values: refused at once on every path
+    with pytest.raises(ValueError, match=message):
+        # Device tensors: the device path checks them on the device and tells at its next read.
         buf.update_priorities(torch.arange(4), torch.tensor(priorities))
+        buf.check_errors()
     assert len(buf) == 4 and torch.equal(buf._tree.leaves, before)
+    buf.check_errors()  # told once
 
 
 def test_bad_indices_and_batch_sizes(replay_path):
     buf = PrioritizedReplay(10, FIELDS, **replay_path)
     buf.add(batch(0, 4))
-    with pytest.raises(ValueError, match="out of range"):
-        buf.update_priorities(torch.tensor([0, 4]), torch.ones(2))
-    with pytest.raises(ValueError, match="out of range"):
-        buf.update_priorities(torch.tensor([-1]), torch.ones(1))
+    before = buf._tree.leaves.clone()
+    for keys in ([0, 4], [-1]):
+        with pytest.raises(ValueError, match="out of range"):
+            buf.update_priorities(keys, np.full(len(keys), 5.0))
+        with pytest.raises(ValueError, match="out of range"):
+            buf.update_priorities(torch.tensor(keys), torch.full((len(keys),), 5.0))
+            buf.check_errors()
+    assert torch.equal(buf._tree.leaves, before)
     for bad in (0, -3, 2.5):
         with pytest.raises(ValueError, match="positive int"):
             buf.sample(bad)

@@ -182,7 +182,7 @@ class PrioritizedReplay(Checkpointing, ABC):
         any claim is open, no snapshot may be taken (see :attr:`pending`).
         """
         columns, n = self._check_batch(batch)
-        versions = self._as_input(policy_version, torch.long)
+        versions = self._as_versions(policy_version)
         if versions.ndim > 1 or math.prod(versions.shape) not in (1, n):
             raise ValueError(f"policy_version must be one int or one per item ({n}), got shape {tuple(versions.shape)}")
         versions = versions.reshape(-1)
@@ -229,6 +229,14 @@ class PrioritizedReplay(Checkpointing, ABC):
         With ``min_policy_version``, items produced by an older policy are evicted (their
         priority set to zero, for good) and never returned.
         """
+        return self._draw(batch_size, self._begin_sample(batch_size, min_policy_version))
+
+    def check_errors(self) -> None:
+        """Raise what an earlier call refused without saying so yet (the device path checks device
+        tensors' values on the device and tells at this read); the compiled path raised at once."""
+
+    def _begin_sample(self, batch_size: int, min_policy_version: int | None) -> float:
+        """The host half of :meth:`sample`: checks, eviction and annealing; returns beta."""
         if not isinstance(batch_size, int) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if batch_size > len(self):
@@ -237,6 +245,10 @@ class PrioritizedReplay(Checkpointing, ABC):
             self._evict_older_than(int(min_policy_version))
         beta = self.beta
         self._sample_calls += 1
+        return beta
+
+    def _draw(self, batch_size: int, beta: float) -> Sample:
+        """Draw by priority, or uniformly over the eligible items when every priority is zero."""
         if self._tree.total() > 0:
             return self._sample_by_priority(batch_size, beta)
         # Every eligible priority is zero: uniform over eligible items.
@@ -260,6 +272,10 @@ class PrioritizedReplay(Checkpointing, ABC):
     @abstractmethod
     def _as_input(self, value, dtype: torch.dtype) -> torch.Tensor | np.ndarray:
         """``value`` (a tensor, array or number) in the form this path computes on."""
+
+    def _as_versions(self, value) -> torch.Tensor | np.ndarray:
+        """An insert's policy versions (one, or one per item) in the form this path keeps them until commit."""
+        return self._as_input(value, torch.long)
 
     @abstractmethod
     def _input_column(self, value, dtype: torch.dtype):

@@ -66,3 +66,7 @@ class Checkpointing:
         self._sample_calls = int(state["sample_calls"])
         self._min_version = None if int(state["min_version"]) < 0 else int(state["min_version"])
         self._max_priority = float(state["max_priority"])
+        self._loaded()
+
+    def _loaded(self) -> None:
+        """Called once a state is loaded: a path rebuilds what it keeps beside the stored rows."""

@@ -9,10 +9,11 @@ one search and two steps, a handful of torch calls for the whole batch on any de
 never a Python loop over items.
 
 Sums are float64 and every update recomputes each touched parent from its children (no
-running deltas), so the total never drifts from the sum of the leaves. Hot paths run
-under ``torch.inference_mode`` (cheaper dispatch): what they return are indices. The minimum
-positive leaf (for importance weights) is kept with its position; only an update that
-raises or zeroes that very leaf costs a full rescan, which is rare in prioritized replay.
+running deltas), so the total never drifts from the sum of the leaves. A parallel tree of
+minima gives the smallest positive leaf (for exact importance weights) the same way. No
+method but :meth:`SumTree.sample`'s zero check reads a value back to the host: on CUDA
+nothing waits for the GPU, and a fixed-size :meth:`SumTree.sample_positive` or update is
+the same device operations every time (capturable in a CUDA graph).
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ _JUST_BELOW_ONE = 1.0 - 2.0**-52
 class SumTree:
     """Non-negative priorities of ``capacity`` leaves, sampled in proportion to their value.
 
-    A zero leaf is never sampled; when every leaf is zero, sampling is uniform. Values
-    must be finite and non-negative: validating them is the caller's job.
+    A zero leaf is never sampled; when every leaf is zero, :meth:`sample` is uniform. Values
+    must be finite and non-negative: validating them is the caller's job. Every method but
+    :meth:`sample`'s zero-total check works without reading a value back to the host, so on
+    CUDA nothing waits for the GPU, and :meth:`sample_positive` can be captured in a CUDA graph.
     """
 
     def __init__(self, capacity: int, branching: int = 16, device: str | torch.device = "cpu",
@@ -50,10 +53,11 @@ class SumTree:
         kw = dict(dtype=torch.float64, device=self.device)
         # Level 0 is the top, level ``height`` the leaves (zero-padded past ``capacity``).
         self._sums = [torch.zeros(top * branching**d, **kw) for d in range(self.height + 1)]
+        # The smallest positive leaf below each node (inf for none), for levels 0 .. height - 1.
+        self._mins = [torch.full((top * branching**d,), math.inf, **kw) for d in range(self.height)]
         self._top_cumsum = torch.zeros(top, **kw)
         self._top_before = torch.zeros(top, **kw)  # mass left of each top node
-        self._min = math.inf
-        self._argmin = -1
+        self._min = torch.full((), math.inf, **kw)
 
     @property
     def leaves(self) -> torch.Tensor:
@@ -64,8 +68,8 @@ class SumTree:
         """Sum of all leaves, a 0-d float64 tensor."""
         return self._top_cumsum[-1]
 
-    def min_positive(self) -> float:
-        """Smallest positive leaf (``inf`` when none)."""
+    def min_positive(self) -> torch.Tensor:
+        """Smallest positive leaf (``inf`` when none), a 0-d float64 tensor."""
         return self._min
 
     @torch.inference_mode()
@@ -76,13 +80,13 @@ class SumTree:
         if indices.numel() == 0:
             return
         indices, values = _last_write_wins(indices, values)
-        self._sums[-1].index_copy_(0, indices, values)
-        self._track_min(values, indices)
+        self._sums[-1].index_copy_(0, indices, values)  # repeated indices now write the same value
         k = self.branching
         for d in range(self.height, 0, -1):
             indices = indices.div(k, rounding_mode="floor")
-            # Duplicate parents compute the same value, so their writes agree.
+            # Repeated parents compute the same value, so their writes agree.
             self._sums[d - 1].index_copy_(0, indices, self._sums[d].view(-1, k).index_select(0, indices).sum(1))
+            self._mins[d - 1].index_copy_(0, indices, self._child_mins(d, indices))
         self._refresh_top()
 
     @torch.inference_mode()
@@ -93,11 +97,11 @@ class SumTree:
         if not 0 <= lo <= hi <= self.capacity:
             raise ValueError(f"range [{lo}, {hi}) is outside [0, {self.capacity})")
         self._sums[-1][lo:hi] = values
-        self._track_min(values, lo)
         k = self.branching
         for d in range(self.height, 0, -1):
             lo, hi = lo // k, -(-hi // k)
             self._sums[d - 1][lo:hi] = self._sums[d].view(-1, k)[lo:hi].sum(1)
+            self._mins[d - 1][lo:hi] = self._child_mins(d, slice(lo, hi))
         self._refresh_top()
 
     @torch.inference_mode()
@@ -105,18 +109,29 @@ class SumTree:
                generator: torch.Generator | None = None) -> torch.Tensor:
         """Draw ``batch_size`` leaf indices, one from each equal stratum of the total mass.
 
-        When the total is zero, draws uniformly from the first ``num_items`` leaves
-        (default: all of them). Padding leaves past ``capacity`` are zero: never drawn.
+        When the total is zero, draws uniformly from the first ``num_items`` leaves (default:
+        all of them). Telling the two apart reads the total on the host: where the caller
+        knows it is positive, :meth:`sample_positive` reads nothing.
         """
-        rand = torch.rand(batch_size, dtype=torch.float64, device=self.device, generator=generator)
-        total = float(self.total())
-        if not total > 0:
+        if not float(self.total()) > 0:
             num_items = self.capacity if num_items is None else num_items
+            rand = torch.rand(batch_size, dtype=torch.float64, device=self.device, generator=generator)
             return rand.mul_(num_items).long().clamp_(max=num_items - 1)
-        target = torch.arange(batch_size, dtype=torch.float64, device=self.device).add_(rand)
-        target.mul_(total / batch_size).clamp_(max=total * _JUST_BELOW_ONE)
+        return self.sample_positive(batch_size, generator)
+
+    @torch.inference_mode()
+    def sample_positive(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """:meth:`sample` for a positive total, in a fixed sequence of device operations (no host read).
+
+        With a zero total it still returns leaf indices inside the tree, just not meaningful ones.
+        """
+        total = self.total()
+        target = torch.rand(batch_size, dtype=torch.float64, device=self.device, generator=generator)
+        target.add_(torch.arange(batch_size, dtype=torch.float64, device=self.device)).mul_(total / batch_size)
+        target = torch.minimum(target, total * _JUST_BELOW_ONE)
         # target < total, so the first top node whose running sum exceeds it has mass.
-        node = torch.searchsorted(self._top_cumsum, target, right=True)
+        top = self._top_cumsum.shape[0]
+        node = torch.searchsorted(self._top_cumsum, target, right=True).clamp_(max=top - 1)
         target -= self._top_before.index_select(0, node)
         k = self.branching
         for level in self._sums[1:]:
@@ -124,11 +139,11 @@ class SumTree:
             cumsum = children.cumsum(1)
             # Keep the target inside this node's mass despite rounding on the way down.
             target = torch.minimum(target, cumsum[:, -1] * _JUST_BELOW_ONE).unsqueeze_(1)
-            child = torch.searchsorted(cumsum, target, right=True)
+            child = torch.searchsorted(cumsum, target, right=True).clamp_(max=k - 1)
             # Mass left of the chosen child: its running sum minus its own value.
             target = target.sub_(cumsum.gather(1, child)).add_(children.gather(1, child)).squeeze_(1)
             node = node.mul_(k).add_(child.squeeze_(1))
-        return node
+        return node.clamp_(max=self.capacity - 1)
 
     def state_dict(self) -> dict[str, torch.Tensor | int]:
         """Leaves and shape; inner nodes are rebuilt on load."""
@@ -141,33 +156,24 @@ class SumTree:
         leaves = torch.as_tensor(state["leaves"], dtype=torch.float64)
         if leaves.shape != (self.capacity,):
             raise ValueError(f"leaves must have shape ({self.capacity},), got {tuple(leaves.shape)}")
-        self._min, self._argmin = math.inf, -1
         self.update_range(0, leaves)
+
+    def _child_mins(self, depth: int, parents: torch.Tensor | slice) -> torch.Tensor:
+        """The smallest positive leaf below each of ``parents`` (nodes of level ``depth - 1``), from level ``depth``."""
+        k = self.branching
+        if depth == self.height:
+            children = self._sums[depth].view(-1, k)[parents]
+            return torch.where(children > 0, children, math.inf).amin(1)
+        return self._mins[depth].view(-1, k)[parents].amin(1)
 
     def _refresh_top(self) -> None:
         top = self._sums[0]
         torch.cumsum(top, 0, out=self._top_cumsum)
         torch.sub(self._top_cumsum, top, out=self._top_before)
-
-    def _track_min(self, values: torch.Tensor, at: torch.Tensor | int) -> None:
-        """Keep the minimum positive leaf after ``values`` were written at ``at`` (indices or a start)."""
-        positive = torch.where(values > 0, values, math.inf)
-        where = int(positive.argmin())
-        new_min = float(positive[where])
-        if isinstance(at, int):
-            hit_old = at <= self._argmin < at + values.shape[0]
-            where += at
+        if self.height:
+            torch.amin(self._mins[0], 0, out=self._min)
         else:
-            hit_old = self._argmin >= 0 and bool((at == self._argmin).any())
-            where = int(at[where])
-        if hit_old and new_min > self._min:  # the old minimum may be gone: rescan
-            leaves = self.leaves
-            positive = torch.where(leaves > 0, leaves, math.inf)
-            where = int(positive.argmin())
-            new_min = float(positive[where])
-        elif new_min >= self._min and not hit_old:
-            return
-        self._min, self._argmin = new_min, (where if new_min < math.inf else -1)
+            torch.amin(torch.where(top > 0, top, math.inf), 0, out=self._min)
 
 
 class CpuSumTree:
@@ -251,16 +257,15 @@ def _numpy(values, dtype) -> np.ndarray:
 
 
 def _last_write_wins(indices: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keep only the last occurrence of each index (deterministic on every device).
-
-    Sorted input (what stratified sampling returns) skips the sort.
-    """
+    """Indices sorted, each occurrence of one carrying the value of its last occurrence in the input, so
+    that a scatter of all of them writes that value in any order: a fixed sequence of device operations."""
     if indices.numel() == 1:
         return indices, values
-    steps = indices[1:] - indices[:-1]
-    if not bool((steps >= 0).all()):
-        order = torch.sort(indices, stable=True).indices
-        indices, values = indices.index_select(0, order), values.index_select(0, order)
-        steps = indices[1:] - indices[:-1]
-    is_last = torch.cat((steps != 0, steps.new_ones(1, dtype=torch.bool)))
-    return indices[is_last], values[is_last]
+    order = torch.sort(indices, stable=True).indices
+    indices, values = indices.index_select(0, order), values.index_select(0, order)
+    n = indices.shape[0]
+    position = torch.arange(n, device=indices.device)
+    run_ends = torch.where(torch.cat((indices[1:] != indices[:-1], indices.new_ones(1, dtype=torch.bool))),
+                           position, n)
+    last = run_ends.flip(0).cummin(0).values.flip(0)  # the end of each position's run of equal indices
+    return indices, values.index_select(0, last)
