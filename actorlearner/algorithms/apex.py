@@ -13,13 +13,15 @@ import torch
 from torch import Tensor, nn
 
 from actorlearner.algorithms.base import (
+    CapturableTrainer,
     ClassPartsSpec,
     FlatState,
     Policy,
-    Trainer,
+    RuntimeTensors,
     follow_lr,
     load_modules_state,
     load_weights,
+    make_adam,
     modules_state,
     seeded,
     torch_dtype,
@@ -109,8 +111,12 @@ class ApeXPolicy(Policy):
         load_weights(self.online, state)
 
 
-class ApeXTrainer(Trainer):
-    """An online and a target Q network (seeded as the policy's online one) and one Adam optimizer."""
+class ApeXTrainer(CapturableTrainer):
+    """An online and a target Q network (seeded as the policy's online one) and one Adam optimizer; the
+    target is copied every ``target_update_period`` steps, between captured steps."""
+
+    runtime_tensors: ClassVar[tuple[str, ...]] = ("priority_eps", "max_grad_norm")
+    """The runtime options `learn` reads, kept as device tensors (`knobs`)."""
 
     def __init__(self, spec: ApeXSpec, *, device: str | torch.device = "cpu", seed: int = 0):
         super().__init__(spec, device=device)
@@ -120,13 +126,31 @@ class ApeXTrainer(Trainer):
         self.target.requires_grad_(False)
         self.online.to(self.device)
         self.target.to(self.device)
-        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=self.config.lr)
+        self.optimizer = make_adam(self.online.parameters(), self.config.lr, self.device)
+        self.knobs = RuntimeTensors(self.config, self.runtime_tensors, self.device)
         self.num_updates = 0
+
+    def advance(self) -> None:
+        """Count the step; sync the target network every ``target_update_period`` of them."""
+        self.num_updates += 1
+        if self.num_updates % self.config.target_update_period == 0:
+            self.sync_target()
+
+    @torch.no_grad()
+    def sync_target(self) -> None:
+        """The target takes the online weights (moves ``tau`` of the way when ``tau`` < 1)."""
+        tau = getattr(self.config, "tau", 1.0)
+        if tau >= 1.0:
+            self.target.load_state_dict(self.online.state_dict())
+            return
+        for target_param, online_param in zip(self.target.parameters(), self.online.parameters()):
+            target_param.lerp_(online_param, tau)
 
     def retune(self, config: Any) -> None:
         """Take a config with other runtime-tunable options; the optimizer's lr follows it."""
         super().retune(config)
         follow_lr(self, config.lr)
+        self.knobs.follow(config)
 
     def policy_state_dict(self) -> dict[str, Tensor]:
         return weights(self.online)

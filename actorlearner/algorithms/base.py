@@ -12,7 +12,7 @@ the learner, `run` and the config know no algorithm by name (see `registry`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import gymnasium as gym
@@ -183,9 +183,13 @@ class Trainer(ABC):
     def __init__(self, spec: AlgorithmSpec, *, device: str | torch.device = "cpu"):
         self.spec, self.config, self.device = spec, spec.config, torch.device(device)
 
+    capturable: ClassVar[bool] = False
+    """Whether the learner may capture its step in a CUDA graph: see `CapturableTrainer`."""
+
     @abstractmethod
-    def update(self, sample: SampleLike) -> tuple[Tensor, dict[str, float]]:
-        """One gradient step; returns new priorities [B] and scalar metrics."""
+    def update(self, sample: SampleLike) -> tuple[Tensor, Mapping[str, Tensor | float]]:
+        """One gradient step; returns new priorities [B] and scalar metrics (0-d tensors, read by the
+        learner every so many steps, or numbers)."""
 
     @abstractmethod
     def policy_state_dict(self) -> dict[str, Tensor]:
@@ -209,11 +213,82 @@ class Trainer(ABC):
         self.config = config
 
 
+class CapturableTrainer(Trainer):
+    """A trainer whose step is device work only, which the learner may capture once in a CUDA graph and
+    replay (on CUDA; elsewhere it runs `update` eagerly: the same code).
+
+    `learn` is that device work: it reads the sample and runtime values from tensors only (`RuntimeTensors`,
+    an optimizer's tensor lr from `make_adam`), never reads a tensor's value on the host, and takes the same
+    branches whenever `phase` is the same (each phase is captured apart). `advance` is the host's part after
+    every step: counters, and periodic work such as a target copy. A trainer that can't keep to this
+    subclasses `Trainer` and runs eagerly.
+    """
+
+    capturable: ClassVar[bool] = True
+
+    def update(self, sample: SampleLike) -> tuple[Tensor, Mapping[str, Tensor | float]]:
+        result = self.learn(sample)
+        self.advance()
+        return result
+
+    @abstractmethod
+    def learn(self, sample: SampleLike) -> tuple[Tensor, dict[str, Tensor]]:
+        """The device work of one step for the current `phase`: new priorities [B] and 0-d metric tensors."""
+
+    def advance(self) -> None:
+        """The host's bookkeeping after each step; nothing by default."""
+
+    def phase(self) -> Hashable:
+        """Which branches the next `learn` takes, decided from host counters; one phase by default."""
+        return None
+
+    def generators(self) -> list[torch.Generator]:
+        """The torch generators `learn` draws from (a captured graph must advance them too)."""
+        return [value for value in vars(self).values() if isinstance(value, torch.Generator)]
+
+
+class RuntimeTensors:
+    """Runtime-tunable config values as 0-d float32 tensors on a device, refilled in place by `follow`, so
+    a captured step reads the new value at its next replay: ``self.knobs.priority_eps``."""
+
+    def __init__(self, config: Any, names: Iterable[str], device: torch.device):
+        self._tensors = {name: torch.tensor(float(getattr(config, name)), device=device) for name in names}
+
+    def __getattr__(self, name: str) -> Tensor:
+        try:
+            return self.__dict__["_tensors"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def follow(self, config: Any) -> None:
+        """Take the values of a retuned config."""
+        for name, tensor in self._tensors.items():
+            tensor.fill_(float(getattr(config, name)))
+
+
+def make_adam(params: Iterable[Tensor], lr: float, device: torch.device) -> torch.optim.Adam:
+    """Adam as a step without host reads: fused kernels; on CUDA capturable, its lr a device tensor."""
+    cuda = device.type == "cuda"
+    return torch.optim.Adam(params, lr=torch.tensor(lr, device=device) if cuda else lr, fused=True, capturable=cuda)
+
+
+def clip_gradients(params: Iterable[Tensor], max_norm: Tensor) -> Tensor:
+    """Scale gradients to a global norm of at most ``max_norm`` (a tensor); return the norm before.
+    What ``clip_grad_norm_`` does, with the bound read on the device."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0))
+    return norm
+
+
 def follow_lr(trainer: Trainer, lr: float) -> None:
-    """Every optimizer of ``trainer`` steps with ``lr`` from now on."""
+    """Every optimizer of ``trainer`` steps with ``lr`` from now on (a tensor lr is refilled in place)."""
     for optimizer in trainer.optimizers().values():
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            if isinstance(group["lr"], Tensor):
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
 
 
 def seeded(seed: int, build: Callable[[], T]) -> T:

@@ -20,22 +20,25 @@ from torch import Tensor, nn
 
 from actorlearner.algorithms.base import (
     RUNTIME,
+    CapturableTrainer,
     ClassPartsSpec,
     FlatState,
     Policy,
+    RuntimeTensors,
     SampleLike,
-    Trainer,
     TransitionFields,
     check_common_config,
     follow_lr,
     load_modules_state,
     load_weights,
+    make_adam,
     modules_state,
     seeded,
     torch_dtype,
     weights,
 )
 from actorlearner.algorithms.nstep import NStepAssembler, nstep_fields
+from actorlearner.checkpoint.generator import generator_keys, generator_state, load_generator_state
 from actorlearner.networks import (
     ObservationEncoder,
     UnsupportedSpace,
@@ -227,11 +230,14 @@ class ContinuousPolicy(SeededNoise, Policy):
         load_weights(self.actor, state)
 
 
-class ContinuousTrainer(SeededNoise, Trainer):
-    """The actor, twin critics and their Polyak targets, an Adam optimizer each; a subclass writes `update`."""
+class ContinuousTrainer(SeededNoise, CapturableTrainer):
+    """The actor, twin critics and their Polyak targets, an Adam optimizer each; a subclass writes `learn`."""
+
+    runtime_tensors: ClassVar[tuple[str, ...]] = ("priority_eps", "tau")
+    """The runtime options `learn` reads, kept as device tensors (`knobs`)."""
 
     def __init__(self, spec: ContinuousSpec, *, device: str | torch.device = "cpu", seed: int = 0):
-        Trainer.__init__(self, spec, device=device)
+        CapturableTrainer.__init__(self, spec, device=device)
         self.actor, self.critics, self.target_critics = seeded(seed, lambda: (
             spec.make_actor(), nn.ModuleList(spec.make_critic() for _ in range(2)),
             nn.ModuleList(spec.make_critic() for _ in range(2))))
@@ -240,10 +246,14 @@ class ContinuousTrainer(SeededNoise, Trainer):
         for net in (self.actor, self.critics, self.target_critics):
             net.to(self.device)
         self.box = UnitBox(spec.action_space, self.device)
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=self.config.lr)
-        self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=self.config.lr)
+        self.actor_optimizer = make_adam(self.actor.parameters(), self.config.lr, self.device)
+        self.critic_optimizer = make_adam(self.critics.parameters(), self.config.lr, self.device)
         SeededNoise.__init__(self, self.device, seed)
+        self.knobs = RuntimeTensors(self.config, self.runtime_tensors, self.device)
         self.num_updates = 0
+
+    def advance(self) -> None:
+        self.num_updates += 1
 
     def critic_step(self, batch: Batch, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """One IS-weighted step of both critics toward ``target`` [B]; returns (|TD| mean of the twins, loss, Q1)."""
@@ -263,12 +273,13 @@ class ContinuousTrainer(SeededNoise, Trainer):
     def polyak(self, targets: nn.Module, online: nn.Module) -> None:
         """targets <- tau * online + (1 - tau) * targets."""
         for target_param, param in zip(targets.parameters(), online.parameters()):
-            target_param.lerp_(param, self.config.tau)
+            target_param.lerp_(param, self.knobs.tau)
 
     def retune(self, config: Any) -> None:
         """Take a config with other runtime-tunable options; every optimizer's lr follows it."""
         super().retune(config)
         follow_lr(self, config.lr)
+        self.knobs.follow(config)
 
     def policy_state_dict(self) -> dict[str, Tensor]:
         return weights(self.actor)
@@ -283,10 +294,10 @@ class ContinuousTrainer(SeededNoise, Trainer):
 
     def state_dict(self) -> FlatState:
         """Flat names -> CPU tensors / ints: networks, optimizer slots, the generator, the counter."""
-        return {**modules_state(self.modules(), self.optimizers()), "generator": self.generator.get_state(),
+        return {**modules_state(self.modules(), self.optimizers()), **generator_state(self.generator, "generator"),
                 "num_updates": self.num_updates}
 
     def load_state_dict(self, state: Mapping[str, Tensor | int | float]) -> None:
-        load_modules_state(state, self.modules(), self.optimizers(), ("generator", "num_updates"))
-        self.generator.set_state(torch.as_tensor(state["generator"]))
+        load_modules_state(state, self.modules(), self.optimizers(), (*generator_keys("generator"), "num_updates"))
+        load_generator_state(self.generator, state, "generator")
         self.num_updates = int(state["num_updates"])

@@ -23,7 +23,14 @@ import torch
 from torch import Tensor, nn
 
 from actorlearner.algorithms.apex import ApeXPolicy, ApeXSpec, ApeXTrainer
-from actorlearner.algorithms.base import RUNTIME, Policy, SampleLike, TransitionFields, check_common_config
+from actorlearner.algorithms.base import (
+    RUNTIME,
+    Policy,
+    SampleLike,
+    TransitionFields,
+    check_common_config,
+    clip_gradients,
+)
 from actorlearner.algorithms.nstep import NStepAssembler, nstep_fields
 from actorlearner.networks import (
     ActionBranches,
@@ -146,7 +153,7 @@ class DQNPolicy(ApeXPolicy):
 class DQNTrainer(ApeXTrainer):
     """Double DQN steps on the IS-weighted Huber loss, the target synced every `target_update_period`."""
 
-    def update(self, sample: SampleLike) -> tuple[Tensor, dict[str, float]]:
+    def learn(self, sample: SampleLike) -> tuple[Tensor, dict[str, Tensor]]:
         """One Adam step on the IS-weighted Huber loss (mean over branches); returns (|TD| + eps [B], metrics)."""
         obs, a_tm1, r_t, discount_t, next_obs = self.spec.unpack(sample.data, self.device)
         weights = torch.as_tensor(sample.weights, device=self.device, dtype=torch.float32)
@@ -160,27 +167,14 @@ class DQNTrainer(ApeXTrainer):
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(self.online.parameters(), self.config.max_grad_norm)
+        grad_norm = clip_gradients(self.online.parameters(), self.knobs.max_grad_norm)
         self.optimizer.step()
-        self.num_updates += 1
-        if self.num_updates % self.config.target_update_period == 0:
-            self._sync_target()
 
         td_abs = td.detach().abs().mean(dim=-1)
         q_taken = q_tm1.detach().gather(-1, a_tm1.unsqueeze(-1)).squeeze(-1)
-        # One device sync for all metrics.
-        values = torch.stack([loss.detach(), td_abs.mean(), q_taken.mean(), grad_norm.detach()]).tolist()
+        values = (loss.detach(), td_abs.mean(), q_taken.mean(), grad_norm.detach())
         metrics = dict(zip(("losses/td_loss", "losses/td_abs", "losses/q_values", "losses/grad_norm"), values))
-        return td_abs + self.config.priority_eps, metrics
-
-    @torch.no_grad()
-    def _sync_target(self) -> None:
-        tau = self.config.tau
-        if tau >= 1.0:
-            self.target.load_state_dict(self.online.state_dict())
-            return
-        for target_param, online_param in zip(self.target.parameters(), self.online.parameters()):
-            target_param.lerp_(online_param, tau)
+        return td_abs + self.knobs.priority_eps, metrics
 
 
 class DQN(ApeXSpec):

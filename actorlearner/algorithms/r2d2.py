@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from actorlearner.algorithms.apex import ApeXPolicy, ApeXSpec, ApeXTrainer, GreedyQPolicy
-from actorlearner.algorithms.base import RUNTIME, Policy, SampleLike, TransitionFields, check_common_config
+from actorlearner.algorithms.base import RUNTIME, Policy, SampleLike, TransitionFields, check_common_config, clip_gradients
 from actorlearner.algorithms.sequence import SequenceAssembler, sequence_fields
 from actorlearner.algorithms.sequence_math import n_step_targets, sequence_priorities
 from actorlearner.networks import (
@@ -194,7 +194,9 @@ class R2D2Policy(ApeXPolicy):
 class R2D2Trainer(ApeXTrainer):
     """Unrolls the online and target networks over replayed sequences from their stored states."""
 
-    def update(self, sample: SampleLike) -> tuple[Tensor, dict[str, float]]:
+    runtime_tensors: ClassVar[tuple[str, ...]] = ("priority_eps", "max_grad_norm", "priority_eta")
+
+    def learn(self, sample: SampleLike) -> tuple[Tensor, dict[str, Tensor]]:
         """One Adam step on the IS-weighted squared TD of the unmasked, post-burn-in steps; returns
         (sequence priorities [B], metrics)."""
         config = self.config
@@ -231,16 +233,12 @@ class R2D2Trainer(ApeXTrainer):
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(self.online.parameters(), config.max_grad_norm)
+        grad_norm = clip_gradients(self.online.parameters(), self.knobs.max_grad_norm)
         self.optimizer.step()
-        self.num_updates += 1
-        if self.num_updates % config.target_update_period == 0:
-            self.target.load_state_dict(self.online.state_dict())
 
         td_abs = td.detach().abs().mean(dim=-1)
-        priorities = sequence_priorities(td_abs, loss_mask, config.priority_eta) + config.priority_eps
-        values = torch.stack([loss.detach(), (td_abs * loss_mask).sum() / loss_mask.sum().clamp(min=1),
-                              grad_norm.detach()]).tolist()
+        priorities = sequence_priorities(td_abs, loss_mask, self.knobs.priority_eta) + self.knobs.priority_eps
+        values = (loss.detach(), (td_abs * loss_mask).sum() / loss_mask.sum().clamp(min=1), grad_norm.detach())
         return priorities, dict(zip(("losses/td_loss", "losses/td_abs", "losses/grad_norm"), values))
 
 

@@ -17,7 +17,7 @@ import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
-from actorlearner.algorithms.base import SampleLike
+from actorlearner.algorithms.base import SampleLike, make_adam
 from actorlearner.algorithms.continuous import (
     Batch,
     ContinuousConfig,
@@ -87,9 +87,9 @@ class SACTrainer(ContinuousTrainer):
         super().__init__(spec, device=device, seed=seed)
         self.temperature = Temperature(self.config.initial_temperature).to(self.device)
         self.target_entropy = -float(spec.action_dim)
-        self.temperature_optimizer = torch.optim.Adam(self.temperature.parameters(), lr=self.config.lr)
+        self.temperature_optimizer = make_adam(self.temperature.parameters(), self.config.lr, self.device)
 
-    def update(self, sample: SampleLike) -> tuple[Tensor, dict[str, float]]:
+    def learn(self, sample: SampleLike) -> tuple[Tensor, dict[str, Tensor]]:
         """One step of the critics, the actor and the temperature; returns (|TD| + eps [B], metrics)."""
         batch = Batch(self, sample)
         alpha = self.temperature().detach()
@@ -113,12 +113,10 @@ class SACTrainer(ContinuousTrainer):
         self.temperature_optimizer.step()
 
         self.polyak(self.target_critics, self.critics)
-        self.num_updates += 1
-        values = torch.stack([critic_loss, actor_loss.detach(), alpha, td_abs.mean(), q_mean,
-                              -logp.detach().mean()]).tolist()
+        values = (critic_loss, actor_loss.detach(), alpha, td_abs.mean(), q_mean, -logp.detach().mean())
         names = ("losses/critic_loss", "losses/actor_loss", "losses/temperature", "losses/td_abs",
                  "losses/q_values", "losses/entropy")
-        return td_abs + self.config.priority_eps, dict(zip(names, values))
+        return td_abs + self.knobs.priority_eps, dict(zip(names, values))
 
     def _sample(self, obs: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
         """A reparameterized squashed sample in [-1, 1] and its log-probability [B]."""

@@ -80,28 +80,34 @@ class TD3Policy(ContinuousPolicy):
 
 
 class TD3Trainer(ContinuousTrainer):
-    """Critic steps every update; actor steps and the Polyak moves every `policy_delay` updates."""
+    """Critic steps every update; actor steps and the Polyak moves every `policy_delay` updates (a phase
+    of its own when captured)."""
+
+    runtime_tensors: ClassVar[tuple[str, ...]] = ("priority_eps", "tau", "policy_noise", "noise_clip")
 
     def __init__(self, spec: TD3, *, device: str | torch.device = "cpu", seed: int = 0):
         super().__init__(spec, device=device, seed=seed)
         self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
         self._last_actor_loss = torch.zeros((), device=self.device)  # a metric between actor steps
 
-    def update(self, sample: SampleLike) -> tuple[Tensor, dict[str, float]]:
+    def phase(self) -> bool:
+        """Whether this step also steps the actor and moves the targets."""
+        return (self.num_updates + 1) % self.config.policy_delay == 0
+
+    def learn(self, sample: SampleLike) -> tuple[Tensor, dict[str, Tensor]]:
         """One critic step, and every `policy_delay` updates an actor step and the Polyak moves;
         returns (|TD| + eps [B], metrics)."""
         batch = Batch(self, sample)
-        config = self.config
+        knobs = self.knobs
         with torch.no_grad():
             next_action = self.target_actor(batch.next_obs)
-            smoothing = (config.policy_noise * self.noise(next_action.shape)).clamp(-config.noise_clip,
-                                                                                     config.noise_clip)
+            smoothing = torch.minimum(torch.maximum(knobs.policy_noise * self.noise(next_action.shape),
+                                                    -knobs.noise_clip), knobs.noise_clip)
             next_action = (next_action + smoothing).clamp(-1, 1)
             target = batch.reward + batch.discount * self.min_q(self.target_critics, batch.next_obs, next_action)
         td_abs, critic_loss, q_mean = self.critic_step(batch, target)
 
-        self.num_updates += 1
-        if self.num_updates % config.policy_delay == 0:
+        if self.phase():
             self.critics[0].requires_grad_(False)
             actor_loss = -self.critics[0](batch.obs, self.actor(batch.obs)).mean()
             self.critics[0].requires_grad_(True)
@@ -110,10 +116,10 @@ class TD3Trainer(ContinuousTrainer):
             self.actor_optimizer.step()
             self.polyak(self.target_critics, self.critics)
             self.polyak(self.target_actor, self.actor)
-            self._last_actor_loss = actor_loss.detach()
-        values = torch.stack([critic_loss, self._last_actor_loss, td_abs.mean(), q_mean]).tolist()
+            self._last_actor_loss.copy_(actor_loss.detach())
+        values = (critic_loss, self._last_actor_loss.clone(), td_abs.mean(), q_mean)
         names = ("losses/critic_loss", "losses/actor_loss", "losses/td_abs", "losses/q_values")
-        return td_abs + config.priority_eps, dict(zip(names, values))
+        return td_abs + knobs.priority_eps, dict(zip(names, values))
 
     def modules(self) -> dict[str, nn.Module]:
         return {**super().modules(), "target_actor": self.target_actor}

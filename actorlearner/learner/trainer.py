@@ -11,15 +11,18 @@ from typing import Any
 
 from actorlearner import telemetry
 from actorlearner.config import LearnerConfig
-from actorlearner.learner.distributed import SingleRank
+from actorlearner.learner.distributed import DataParallel, SingleRank
 from actorlearner.learner.publishing import Publishing
 from actorlearner.learner.roles import Roles
-from actorlearner.replay import NothingRecentEnough, PrioritizedReplay, RateLimiter
+from actorlearner.learner.step import LearnerStep
+from actorlearner.replay import PrioritizedReplay, RateLimiter
 
 logger = logging.getLogger(__name__)
 
 SAMPLE_WAIT_SECONDS = 0.2
 """How long one round waits for the rate limiter's leave to sample (and, training done, between rounds)."""
+METRICS_EVERY = 100
+"""Updates between metric reads (the one host read of the step's device work) and telemetry writes."""
 
 
 class TrainingLoop:
@@ -37,6 +40,9 @@ class TrainingLoop:
         self.replay, self.replay_lock, self.limiter = replay, replay_lock, limiter
         self.publishing, self.roles, self.telemetry = publishing, roles, telemetry_writer
         self.stopping, self.data_parallel, self.rates = stopping, data_parallel, rates
+        # Data-parallel ranks agree between the sample and the update: their steps run eagerly.
+        self.step = LearnerStep(algorithm, replay, config.batch_size,
+                                capture=None if not isinstance(data_parallel, DataParallel) else False)
         self.update_lock = threading.Lock()
         self.version = 0
         self.updates = 0
@@ -87,6 +93,9 @@ class TrainingLoop:
         sample (else the sample's limiter credit is refunded), stop if any is stopping, checkpoint
         if any's is due. A sample given back this way still counts towards beta's annealing.
         """
+        if train and self.step.capture:  # one device program: nothing to agree on between its parts
+            updated = self._whole_step()
+            return self.data_parallel.agree(updated, self.stopping.is_set(), checkpoint_due)
         sample = self._sample() if train else None
         ready, stop = sample is not None, self.stopping.is_set()
         ready, stop, checkpoint_due = self.data_parallel.agree(ready, stop, checkpoint_due)
@@ -97,32 +106,49 @@ class TrainingLoop:
         self._learn(sample)
         return True, stop, checkpoint_due
 
+    def _min_version(self) -> int | None:
+        lag = self.config.max_policy_lag
+        return self.version - lag if lag > 0 else None
+
     def _sample(self):
         """A replay sample once the rate limiter allows it; None when it says wait or nothing is recent enough."""
         c = self.config
         if not self.limiter.acquire_sample(c.batch_size, timeout=SAMPLE_WAIT_SECONDS):
             return None
-        min_version = self.version - c.max_policy_lag if c.max_policy_lag > 0 else None
         with self.replay_lock:
-            try:
-                return self.replay.sample(c.batch_size, min_policy_version=min_version)
-            except NothingRecentEnough:  # every item is past max_policy_lag: wait for fresh ones
-                self.limiter.refund_sample(c.batch_size)
-                return None
+            sample = self.step.sample(self._min_version())
+        if sample is None:  # every item is past max_policy_lag: wait for fresh ones
+            self.limiter.refund_sample(c.batch_size)
+        return sample
+
+    def _whole_step(self) -> bool:
+        """Sample, update and set priorities in one go (the captured step), once the rate limiter allows."""
+        c = self.config
+        if not self.limiter.acquire_sample(c.batch_size, timeout=SAMPLE_WAIT_SECONDS):
+            return False
+        with self.replay_lock, self.update_lock:
+            updated = self.step(self._min_version())
+        if not updated:
+            self.limiter.refund_sample(c.batch_size)
+            return False
+        self._updated()
+        return True
 
     def _learn(self, sample) -> None:
-        """One update on ``sample``, its new priorities, and a new version every publish_every updates."""
+        """One update on ``sample`` and its new priorities."""
+        self.step.learn(sample, self.update_lock, self.replay_lock)
+        self._updated()
+
+    def _updated(self) -> None:
+        """Count an update; a new version every publish_every, the metrics every METRICS_EVERY."""
         c = self.config
-        with self.update_lock:
-            priorities, metrics = self.algorithm.update(sample)
-        with self.replay_lock:
-            self.replay.update_priorities(sample.indices, priorities)
         self.updates += 1
         self.sample_meter.add(c.batch_size)
         if self.updates % c.publish_every == 0:
             self.version += 1
             self.publish()
-        if self.updates % 100 == 0:
+        if self.updates % METRICS_EVERY == 0:
+            metrics = self.step.read_metrics()
             self.telemetry.scalars({**metrics, **self.rates(), **self.roles.scalars()}, self.updates)
 
     def publish(self) -> None:

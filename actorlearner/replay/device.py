@@ -59,6 +59,15 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
         self._device_scalar("_alpha_t", value, torch.float64)
 
     @property
+    def _inserted(self) -> int:
+        return self._issued
+
+    @_inserted.setter
+    def _inserted(self, value: int) -> None:
+        self._issued = value
+        self._device_scalar("_inserted_t", value, torch.long)  # the keys a priority update may name
+
+    @property
     def _max_priority(self) -> float:
         """The largest priority seen (read from the device: only snapshots ask)."""
         return float(self._max_priority_t)
@@ -99,7 +108,7 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
 
     def draw(self, batch_size: int) -> Sample:
         """Stratified draws and IS weights after :meth:`start_sample` said True: device operations only."""
-        with torch.inference_mode():
+        with torch.no_grad():  # not inference mode: what it returns goes into the trainer's autograd
             slots = self._tree.sample_positive(batch_size)
             leaf = self._tree.leaves.index_select(0, slots)
             weights = leaf.div_(self._tree.min_positive()).pow_(-self._beta_t).float()
@@ -145,7 +154,7 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
         if keys.numel() == 0:
             return
         slots = keys.remainder(self.capacity)
-        known = (keys >= 0) & (keys < self._inserted)
+        known = (keys >= 0) & (keys < self._inserted_t)
         counts = torch.stack([p.isnan().sum(), p.isinf().sum(), (p < 0).sum(), (~known).sum()])
         self._errors += counts
         accepted = counts.sum() == 0
@@ -213,11 +222,11 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
             value = torch.from_numpy(value)
         return torch.as_tensor(value, device=self.device).to(dtype)
 
-    def _as_versions(self, value) -> torch.Tensor:
-        """Versions stay on the host until the commit (the host mirrors them)."""
-        if isinstance(value, np.ndarray):
-            value = torch.from_numpy(value)
-        return torch.as_tensor(value).detach().cpu().to(torch.long)
+    def _as_versions(self, value) -> np.ndarray:
+        """Versions stay on the host, as numpy, until the commit (the host mirrors them)."""
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu()
+        return np.asarray(value, dtype=np.int64)
 
     def _input_column(self, value, dtype: torch.dtype):
         """Columns stay where they are until :meth:`write` copies them (no lock, no device work)."""
@@ -237,16 +246,16 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
 
     def _store(self, reservation: Reservation, keys: torch.Tensor) -> None:
         n, start = reservation.n, reservation.start
-        host_versions = reservation.versions.expand(n)  # one version for all items, or one each
+        host_versions = np.broadcast_to(reservation.versions, (n,))  # one version for all items, or one each
         offset = 0
         for at, stop in _ring_parts(start, n, self.capacity):
-            versions_part = host_versions[offset:offset + stop - at].numpy()
+            versions_part = host_versions[offset:offset + stop - at]
             self._host_versions[at:stop] = versions_part
             self._host_stored[at:stop] = True
             self._eligible += int(np.count_nonzero(versions_part >= self._lowest_eligible()))
             offset += stop - at
         with torch.inference_mode():
-            versions = host_versions.to(self.device, non_blocking=True)
+            versions = torch.from_numpy(np.ascontiguousarray(host_versions)).to(self.device, non_blocking=True)
             if reservation.priorities is None:
                 priorities = self._max_priority_t.expand(n)
             else:
