@@ -131,5 +131,5 @@ def test_on_cuda_every_phase_of_the_step_is_captured_and_replayed(name):
     assert step.capture
     for _ in range(12):
         assert step()
-    assert step.capture and step._graphs and all(isinstance(entry, tuple) for entry in step._graphs.values())
+    assert step.capture and step._graphs and all(isinstance(entry, torch.cuda.CUDAGraph) for entry in step._graphs.values())
     assert all(np.isfinite(value) for value in step.read_metrics().values())

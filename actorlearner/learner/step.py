@@ -38,7 +38,7 @@ class LearnerStep:
         can = (trainer.capturable and isinstance(replay, DeviceReplay) and replay.device.type == "cuda"
                and torch.device(trainer.device) == replay.device)
         self.capture = can if capture is None else capture and can
-        self._graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, Mapping[str, torch.Tensor]] | int] = {}
+        self._graphs: dict[Hashable, torch.cuda.CUDAGraph | int] = {}  # phase -> its graph, or warm-up steps so far
         self._names: tuple[str, ...] = ()
         self._sums: torch.Tensor | None = None  # metric sums on the device since the last read
         self._host_sums: dict[str, float] = {}  # metrics a trainer returned as numbers
@@ -100,8 +100,12 @@ class LearnerStep:
             if self._sums is None or tuple(tensors) != self._names:
                 self._names = tuple(tensors)
                 self._sums = torch.zeros(len(tensors), dtype=torch.float64, device=next(iter(tensors.values())).device)
-            self._sums += torch.stack([value.detach().reshape(()).to(torch.float64) for value in tensors.values()])
+            self._accumulate(tensors)
         self._count += 1
+
+    def _accumulate(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Add a step's metric tensors to the device sums (device work: a captured step includes it)."""
+        self._sums += torch.stack([value.detach().reshape(()).to(torch.float64) for value in tensors.values()])
 
     def _device_step(self) -> Mapping[str, torch.Tensor]:
         """Draw, learn, set priorities: device work only (what a graph captures)."""
@@ -126,9 +130,8 @@ class LearnerStep:
             else:
                 self._try_capture(phase)
         else:
-            graph, metrics = entry
-            graph.replay()
-            self._add(metrics)
+            entry.replay()  # its metrics go to the sums inside the graph
+            self._count += 1
         self.trainer.advance()
 
     def _try_capture(self, phase: Hashable) -> None:
@@ -143,9 +146,10 @@ class LearnerStep:
             # Ingest threads copy into the replay meanwhile: only this thread's calls must be capture-safe.
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 metrics = self._device_step()
+                self._accumulate(metrics)
         except Exception:
             logger.warning("the learner step could not be captured in a CUDA graph; it runs eagerly", exc_info=True)
             self.capture = False
             return
-        self._graphs[phase] = (graph, metrics)
+        self._graphs[phase] = graph
         logger.info("learner step captured in a CUDA graph (phase %r)", phase)
