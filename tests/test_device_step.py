@@ -133,3 +133,14 @@ def test_on_cuda_every_phase_of_the_step_is_captured_and_replayed(name):
         assert step()
     assert step.capture and step._graphs and all(isinstance(entry, torch.cuda.CUDAGraph) for entry in step._graphs.values())
     assert all(np.isfinite(value) for value in step.read_metrics().values())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_step_with_nothing_recent_enough_says_so_and_changes_nothing(device):
+    step = make_step("dqn", device)
+    leaves = step.replay._tree.leaves.clone()
+    assert not step(min_policy_version=100)  # every item is older: the caller waits for fresh ones
+    assert torch.equal(step.replay._tree.leaves, torch.zeros_like(leaves)) and step.read_metrics() == {}
+    step.replay.add(random_items(step.replay.fields, 64, np.random.default_rng(2)), policy_version=100)
+    assert step(min_policy_version=100)
+    assert step.read_metrics()

@@ -54,12 +54,13 @@ class LearnerStep:
             return True
         try:
             drawable = self.replay.start_sample(self.batch_size, min_policy_version)
+            sample = None if drawable else self.replay.draw_on_host(self.batch_size)  # zero priorities: reads
         except NothingRecentEnough:
             return False
-        if not drawable:  # zero priorities: this step reads the device
-            self.learn(self.replay.draw_on_host(self.batch_size))
-            return True
-        self._captured_step()
+        if sample is not None:
+            self.learn(sample)
+        else:
+            self._captured_step()
         return True
 
     def sample(self, min_policy_version: int | None = None) -> Sample | None:
