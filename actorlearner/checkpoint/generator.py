@@ -27,11 +27,15 @@ def generator_keys(key: str) -> tuple[str, str]:
     return key, f"{key}.device"
 
 
+def device_tag(device_type: str) -> Tensor:
+    """A device type as a checkpoint holds it: its name's ASCII bytes (uint8)."""
+    return torch.tensor(list(device_type.encode("ascii")), dtype=torch.uint8)
+
+
 def generator_state(generator: torch.Generator, key: str) -> dict[str, Tensor]:
-    """``generator``'s state under ``key`` and its device type (ASCII bytes, uint8) under ``key.device``."""
+    """``generator``'s state under ``key`` and its :func:`device_tag` under ``key.device``."""
     state_key, device_key = generator_keys(key)
-    tag = torch.tensor(list(generator.device.type.encode("ascii")), dtype=torch.uint8)
-    return {state_key: generator.get_state(), device_key: tag}
+    return {state_key: generator.get_state(), device_key: device_tag(generator.device.type)}
 
 
 def load_generator_state(generator: torch.Generator, state: Mapping[str, Any], key: str) -> None:
