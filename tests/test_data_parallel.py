@@ -14,7 +14,7 @@ import torch
 
 from actorlearner.checkpoint.store import CheckpointStore
 from actorlearner.config import LearnerConfig
-from actorlearner.learner.distributed import World, local_device, resolve_world
+from actorlearner.learner.distributed import World, choose_backend, local_device, resolve_world
 from actorlearner.learner.learner import Learner
 from actorlearner.trained import load_trained
 from procs import CHILD_ENV, FAST_LEARNER, free_port, start_actor, status, stop, wait_until
@@ -135,17 +135,43 @@ def test_a_learner_with_a_rank_outside_its_world_exits_2_with_one_line():
     assert "Traceback" not in done.stderr
 
 
-def test_ranks_sharing_a_host_take_the_gpu_of_their_local_rank():
-    assert local_device(torch.device("cuda"), {"LOCAL_RANK": "3"}) == torch.device("cuda", 3)
-    assert local_device(torch.device("cuda"), {}) == torch.device("cuda", 0)
-    assert local_device(torch.device("cuda", 1), {"LOCAL_RANK": "3"}) == torch.device("cuda", 1)  # named: kept
-    assert local_device(torch.device("cpu"), {"LOCAL_RANK": "3"}) == torch.device("cpu")
+def test_ranks_sharing_a_host_take_the_gpu_of_their_local_rank_in_turn():
+    assert local_device(torch.device("cuda"), {"LOCAL_RANK": "3"}, gpus=4) == torch.device("cuda", 3)
+    assert local_device(torch.device("cuda"), {}, gpus=4) == torch.device("cuda", 0)
+    assert local_device(torch.device("cuda"), {"LOCAL_RANK": "3"}, gpus=2) == torch.device("cuda", 1)  # fewer GPUs
+    assert local_device(torch.device("cuda"), {"LOCAL_RANK": "1"}, gpus=1) == torch.device("cuda", 0)
+    assert local_device(torch.device("cuda", 1), {"LOCAL_RANK": "3"}, gpus=4) == torch.device("cuda", 1)  # named: kept
+    assert local_device(torch.device("cpu"), {"LOCAL_RANK": "3"}, gpus=0) == torch.device("cpu")
+
+
+GPU_A, GPU_B = "cuda GPU-6f1c2a4e-0b7d-4f0e-9a51-3c2d1e0f9a8b", "cuda GPU-0a9b8c7d-6e5f-4a3b-8c1d-2e3f4a5b6c7d"
+
+
+@pytest.mark.parametrize("devices, backend, why", [
+    (["cpu", "cpu"], "gloo", ""),
+    ([GPU_A, GPU_B], "nccl", ""),  # a GPU each: on one host (cuda:0, cuda:1) or one per host
+    ([GPU_A, GPU_A], "gloo", "ranks 0 and 1 share GPU GPU-6f1c"),  # both on cuda:0 of a 1-GPU host
+    ([GPU_A, GPU_B, GPU_A], "gloo", "ranks 0 and 2 share GPU GPU-6f1c"),  # 3 local ranks, 2 GPUs
+    (["mps", "mps"], "gloo", ""),
+])
+def test_nccl_only_when_every_rank_has_a_gpu_of_its_own(devices, backend, why):
+    chosen, reason = choose_backend(devices)
+    assert chosen == backend and reason.startswith(why) and bool(reason) == bool(why)
+
+
+def test_ranks_on_different_kinds_of_device_are_refused_in_one_line():
+    with pytest.raises(ValueError, match="^the data-parallel ranks must train on one kind of device, "
+                                         "got rank 0 on cuda, rank 1 on cpu$"):
+        choose_backend([GPU_A, "cpu"])
 
 
 def start_rank(rank: int, address: str, *args: str) -> subprocess.Popen:
+    """One rank of a world of two on this host, on the default device: with LOCAL_RANK as torchrun sets it, on
+    a CUDA machine each rank takes a GPU of its own (NCCL), or both the one there is (gloo)."""
     return subprocess.Popen([sys.executable, "-m", "actorlearner", "learner", "--port", "0", "--env", "CartPole-v1",
                              "--seed", "0", "--world-size", "2", "--rank", str(rank), "--dist-address", address,
-                             "--num-actors", "2", *args], stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
+                             "--num-actors", "2", *args], stdout=subprocess.PIPE, text=True,
+                            env={**CHILD_ENV, "LOCAL_RANK": str(rank)})
 
 
 def listening_port(proc: subprocess.Popen) -> int:

@@ -6,7 +6,8 @@ rank has a sample, whether any is stopping and whether a checkpoint is due, so t
 waits in a collective for one that will not join. Each optimizer step of the algorithm's trainer
 first averages the gradients over the ranks (a step pre-hook on every ``torch.optim.Optimizer``
 its ``optimizers()`` names), and rank 0's trainer state is broadcast at start, so that the parameters
-stay identical on every rank after every update. gloo on CPU, NCCL on CUDA.
+stay identical on every rank after every update. NCCL when every rank has a GPU of its own; gloo on
+CPUs, and on GPUs some ranks share (NCCL refuses that; gloo all-reduces and broadcasts CUDA tensors too).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import os
 import re
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -76,12 +77,40 @@ def resolve_world(world_size: int, rank: int, dist_address: str, environ: Mappin
     return World(size, rank, address)
 
 
-def local_device(device: torch.device, environ: Mapping[str, str] | None = None) -> torch.device:
+def local_device(device: torch.device, environ: Mapping[str, str] | None = None,
+                 gpus: int | None = None) -> torch.device:
     """A rank's device: CUDA without an index becomes the GPU torchrun's LOCAL_RANK names (else the first),
-    for ranks sharing a host need one each; any other device as it is."""
+    for ranks sharing a host need one each, in turn when the host has fewer ``gpus`` (default: the count
+    CUDA sees) than local ranks; any other device as it is."""
     if device.type != "cuda" or device.index is not None:
         return device
-    return torch.device("cuda", _env_int(os.environ if environ is None else environ, "LOCAL_RANK") or 0)
+    local_rank = _env_int(os.environ if environ is None else environ, "LOCAL_RANK") or 0
+    return torch.device("cuda", local_rank % (torch.cuda.device_count() if gpus is None else gpus))
+
+
+def device_identity(device: torch.device) -> str:
+    """What :func:`choose_backend` compares across ranks: the device type, and a GPU's UUID (the same
+    physical GPU whatever index or CUDA_VISIBLE_DEVICES a rank sees it by)."""
+    return f"cuda {torch.cuda.get_device_properties(device).uuid}" if device.type == "cuda" else device.type
+
+
+def choose_backend(devices: Sequence[str]) -> tuple[str, str]:
+    """The process group's backend for ranks on ``devices`` (each rank's :func:`device_identity`, by rank),
+    and why when it is not the usual one: NCCL when every rank has a GPU of its own, gloo on CPUs and when
+    ranks share a GPU (NCCL needs one per rank). ValueError for ranks on different kinds of device."""
+    kinds = {identity.split()[0] for identity in devices}
+    if len(kinds) > 1:
+        ranks = ", ".join(f"rank {rank} on {identity.split()[0]}" for rank, identity in enumerate(devices))
+        raise ValueError(f"the data-parallel ranks must train on one kind of device, got {ranks}")
+    if kinds != {"cuda"}:
+        return "gloo", ""
+    first: dict[str, int] = {}
+    for rank, identity in enumerate(devices):
+        if identity in first:
+            return "gloo", (f"ranks {first[identity]} and {rank} share GPU {identity.split()[1]} "
+                            "(NCCL needs one GPU per rank)")
+        first[identity] = rank
+    return "nccl", ""
 
 
 class SingleRank:
@@ -120,13 +149,17 @@ class DataParallel(SingleRank):
     def __init__(self, world: World, device: torch.device, timeout: float):
         self.world = world
         self.device = device
-        backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        logger.info("rank %d of %d: joining the %s process group at %s", world.rank, world.size, backend,
-                    world.address)
-        dist.init_process_group(backend, init_method=f"tcp://{world.address}", world_size=world.size,
-                                rank=world.rank, timeout=timedelta(seconds=timeout))
+        host, _, port = world.address.rpartition(":")
+        store = dist.TCPStore(host.strip("[]"), int(port), world.size, world.rank == 0, timedelta(seconds=timeout))
+        store.set(f"actorlearner/device/{world.rank}", device_identity(device))
+        backend, why = choose_backend([store.get(f"actorlearner/device/{rank}").decode()
+                                       for rank in range(world.size)])
+        logger.info("rank %d of %d on %s: joining the %s process group at %s%s", world.rank, world.size, device,
+                    backend, world.address, f": {why}" if why else "")
+        dist.init_process_group(backend, store=store, world_size=world.size, rank=world.rank,
+                                timeout=timedelta(seconds=timeout))
 
     def agree(self, ready: bool, stop: bool, checkpoint: bool) -> tuple[bool, bool, bool]:
         """(every rank ready, any rank stopping, any rank's checkpoint due), in one all-reduce."""
