@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from actorlearner.checkpoint.store import CheckpointStore
 from actorlearner.config import LearnerConfig
@@ -14,6 +15,8 @@ from streams import RawStream, batch, hello
 
 CHURN = 2000
 TTL = 2.0
+WARM_ITEMS = 2
+"""Transitions each of the 200 warm-up actors sends: 400 in all, past FAST_LEARNER's --min-replay-size (256)."""
 
 
 def free_port() -> int:
@@ -22,10 +25,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def short_lived(address: str, actor_ids: list[str]) -> None:
-    """Each id: connect, have one batch acked, go away."""
+def short_lived(address: str, actor_ids: list[str], items: int = 1) -> None:
+    """Each id: connect, have one batch of ``items`` transitions acked, go away."""
     def one(actor_id: str) -> None:
-        stream = RawStream(address, hello(actor_id), batch(1, n=1))
+        stream = RawStream(address, hello(actor_id), batch(1, n=items))
         try:
             stream.next("ack")
         finally:
@@ -33,6 +36,14 @@ def short_lived(address: str, actor_ids: list[str]) -> None:
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, actor_ids))
+
+
+def trained(port: int, checkpoints: Path) -> bool:
+    """The learner has trained, published and saved a checkpoint since: every path the churn takes has run
+    once, with its one-off growth (a device's kernels, workspaces and allocator cache) behind it."""
+    learner = status(port)
+    saved = [int(path.name.removeprefix("ckpt-")) for path in checkpoints.glob("ckpt-" + "[0-9]" * 12)]
+    return learner.updates > 0 and learner.policy_version > 0 and max(saved, default=0) > 0
 
 
 def footprint(port: int, metrics_port: int, pid: int) -> tuple[int, int, int]:
@@ -45,10 +56,12 @@ def footprint(port: int, metrics_port: int, pid: int) -> tuple[int, int, int]:
 def test_2000_short_lived_actor_ids_leave_memory_status_and_metrics_bounded(tmp_path):
     metrics_port = free_port()
     learner, port = start_learner(*FAST_LEARNER, "--actor-ttl", str(TTL), "--metrics-port", str(metrics_port),
-                                  "--checkpoint-dir", str(tmp_path / "ckpt"))
+                                  "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2")
     address = f"127.0.0.1:{port}"
     try:
-        short_lived(address, [f"warm-{i}" for i in range(200)])  # imports, pools and buffers settle
+        # Imports, pools and buffers settle, and training starts: the baseline is a learner at work.
+        short_lived(address, [f"warm-{i}" for i in range(200)], WARM_ITEMS)
+        wait_until(lambda: trained(port, tmp_path / "ckpt"), 120, "training, a published version and a checkpoint")
         warm = footprint(port, metrics_port, learner.pid)
         short_lived(address, [f"pod-{i}" for i in range(CHURN)])
         after = footprint(port, metrics_port, learner.pid)
