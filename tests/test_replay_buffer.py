@@ -137,6 +137,13 @@ def test_stale_update_after_overwrite_is_ignored(replay_path):
     assert leaves == [2.0, 2.0, 100.0, 100.0]
 
 
+def test_a_stale_key_and_the_live_key_of_one_slot_in_one_update_the_live_one_wins(replay_path):
+    buf = PrioritizedReplay(4, FIELDS, alpha=1.0, eps=0.0, **replay_path)
+    buf.add(batch(0, 6), priorities=np.ones(6))  # keys 4 and 5 live in the slots of keys 0 and 1
+    buf.update_priorities(torch.tensor([4, 0, 1, 5, 1]), torch.tensor([7.0, 50.0, 60.0, 9.0, 70.0]))
+    assert buf._tree.leaves.cpu().tolist() == [7.0, 9.0, 1.0, 1.0]
+
+
 def test_all_zero_priorities_fall_back_to_uniform(replay_path):
     buf = PrioritizedReplay(20, FIELDS, eps=0.0, **replay_path)
     buf.add(batch(0, 8), priorities=np.zeros(8))
