@@ -144,3 +144,24 @@ def test_a_step_with_nothing_recent_enough_says_so_and_changes_nothing(device):
     step.replay.add(random_items(step.replay.fields, 64, np.random.default_rng(2)), policy_version=100)
     assert step(min_policy_version=100)
     assert step.read_metrics()
+
+
+def test_metric_sums_keep_eager_steps_fold_them_and_add_a_captured_steps_on_the_device():
+    from actorlearner.learner.step import MetricSums
+
+    sums = MetricSums()
+    sums.add({"loss": torch.tensor(1.0), "q": torch.tensor(4.0), "lr": 0.5})
+    sums.add({"loss": torch.tensor(3.0), "q": torch.tensor(8.0), "lr": 0.5})
+    add_on_device = sums.adder(("q", "loss"))  # folds the kept ones first; what a captured step records
+    with HostReads("cpu") as counted:
+        add_on_device({"loss": torch.tensor(5.0), "q": torch.tensor(0.0)})
+        sums.count += 1
+        sums.add({"loss": torch.tensor(7.0), "q": torch.tensor(4.0)})
+    assert not counted.counts
+    with HostReads("cpu") as counted:
+        means = sums.read()
+    assert sum(counted.counts.values()) == 1
+    assert means == {"loss": 4.0, "q": 4.0, "lr": 0.25}
+    assert sums.read() == {}
+    with pytest.raises(ValueError, match="never added eagerly"):
+        sums.adder(("entropy",))

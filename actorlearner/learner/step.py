@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 
 import torch
 
@@ -23,6 +23,77 @@ logger = logging.getLogger(__name__)
 
 WARMUP_STEPS = 3
 """Eager steps of a phase on a side stream before it is captured (lazy state, allocator pools)."""
+
+
+class MetricSums:
+    """A step's metrics summed without reading them: eager steps' 0-d tensors are kept as they are (no
+    device work at all) and a captured step adds its own into device sums; :meth:`read` reads both at once."""
+
+    MAX_KEPT = 4096
+    """Kept tensors past which they are folded into the device sums (a caller that never reads)."""
+
+    def __init__(self):
+        self.names: tuple[str, ...] = ()
+        self.sums: torch.Tensor | None = None  # per name in ``names``, on the device
+        self._kept: list[tuple[str, torch.Tensor]] = []
+        self._host: dict[str, float] = {}  # metrics given as numbers
+        self.count = 0
+
+    def add(self, metrics: Mapping[str, torch.Tensor | float]) -> None:
+        """One eager step's metrics."""
+        for name, value in metrics.items():
+            if isinstance(value, torch.Tensor):
+                self._kept.append((name, value.detach()))
+            else:
+                self._host[name] = self._host.get(name, 0.0) + float(value)
+        self.count += 1
+        if len(self._kept) > self.MAX_KEPT:
+            self.fold()
+
+    def fold(self) -> None:
+        """Add the kept tensors into the device sums (device work, no read; new names grow the sums)."""
+        if not self._kept:
+            return
+        names = list(self.names) + sorted({name for name, _ in self._kept} - set(self.names))
+        device = self._kept[0][1].device
+        if self.sums is None:
+            self.sums = torch.zeros(len(names), dtype=torch.float64, device=device)
+        elif len(names) > len(self.names):
+            self.sums = torch.cat([self.sums, self.sums.new_zeros(len(names) - len(self.names))])
+        self.names = tuple(names)
+        index = torch.tensor([names.index(name) for name, _ in self._kept], device=device)
+        self.sums.index_add_(0, index, torch.stack([value.reshape(()).to(torch.float64) for _, value in self._kept]))
+        self._kept.clear()
+
+    def adder(self, names: tuple[str, ...]) -> Callable[[Mapping[str, torch.Tensor]], None]:
+        """A function adding metrics of these names into the device sums in place: device work only, which
+        a captured step records (the sums and its index exist before the capture)."""
+        self.fold()
+        if self.sums is None or not set(names) <= set(self.names):
+            raise ValueError(f"metrics {names} were never added eagerly before the capture")
+        index = torch.tensor([self.names.index(name) for name in names], device=self.sums.device)
+
+        def add_on_device(metrics: Mapping[str, torch.Tensor]) -> None:
+            stacked = torch.stack([metrics[name].detach().reshape(()).to(torch.float64) for name in names])
+            self.sums.index_add_(0, index, stacked)
+        return add_on_device
+
+    def read(self) -> dict[str, float]:
+        """The mean of each metric since the last read, in one host read; then starts again."""
+        totals = dict(self._host)
+        parts = ([self.sums] if self.sums is not None else []) + (
+            [torch.stack([value.reshape(()).to(torch.float64) for _, value in self._kept])] if self._kept else [])
+        if parts:
+            values = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()
+            for name, value in zip([*(self.names if self.sums is not None else ()),
+                                    *(name for name, _ in self._kept)], values):
+                totals[name] = totals.get(name, 0.0) + value
+        if self.sums is not None:
+            self.sums.zero_()
+        self._kept.clear()
+        self._host = dict.fromkeys(self._host, 0.0)
+        count, self.count = self.count, 0
+        return {name: value / count for name, value in totals.items()} if count else {}
 
 
 class LearnerStep:
@@ -39,10 +110,7 @@ class LearnerStep:
                and torch.device(trainer.device) == replay.device)
         self.capture = can if capture is None else capture and can
         self._graphs: dict[Hashable, torch.cuda.CUDAGraph | int] = {}  # phase -> its graph, or warm-up steps so far
-        self._names: tuple[str, ...] = ()
-        self._sums: torch.Tensor | None = None  # metric sums on the device since the last read
-        self._host_sums: dict[str, float] = {}  # metrics a trainer returned as numbers
-        self._count = 0
+        self.metrics = MetricSums()
 
     def __call__(self, min_policy_version: int | None = None) -> bool:
         """One step; False when nothing is recent enough to sample (the caller waits and tries again)."""
@@ -77,36 +145,14 @@ class LearnerStep:
             priorities, metrics = self.trainer.update(sample)
         with replay_lock or contextlib.nullcontext():
             self.replay.update_priorities(sample.indices, priorities)
-        self._add(metrics)
+        self.metrics.add(metrics)
 
     def read_metrics(self) -> dict[str, float]:
         """The mean of each metric over the steps since the last read (one host read); raises what the
         replay refused meanwhile."""
-        means = dict(self._host_sums)
-        if self._sums is not None:
-            means.update(zip(self._names, self._sums.tolist()))
-            self._sums.zero_()
-        count, self._count = self._count, 0
-        self._host_sums = dict.fromkeys(self._host_sums, 0.0)
+        means = self.metrics.read()
         self.replay.check_errors()
-        return {name: value / count for name, value in means.items()} if count else {}
-
-    def _add(self, metrics: Mapping[str, torch.Tensor | float]) -> None:
-        """Sum a step's metrics: tensors on the device, numbers on the host."""
-        tensors = {name: value for name, value in metrics.items() if isinstance(value, torch.Tensor)}
-        for name, value in metrics.items():
-            if name not in tensors:
-                self._host_sums[name] = self._host_sums.get(name, 0.0) + float(value)
-        if tensors:
-            if self._sums is None or tuple(tensors) != self._names:
-                self._names = tuple(tensors)
-                self._sums = torch.zeros(len(tensors), dtype=torch.float64, device=next(iter(tensors.values())).device)
-            self._accumulate(tensors)
-        self._count += 1
-
-    def _accumulate(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Add a step's metric tensors to the device sums (device work: a captured step includes it)."""
-        self._sums += torch.stack([value.detach().reshape(()).to(torch.float64) for value in tensors.values()])
+        return means
 
     def _device_step(self) -> Mapping[str, torch.Tensor]:
         """Draw, learn, set priorities: device work only (what a graph captures)."""
@@ -125,20 +171,21 @@ class LearnerStep:
             with torch.cuda.stream(side):
                 metrics = self._device_step()
             torch.cuda.current_stream().wait_stream(side)
-            self._add(metrics)
+            self.metrics.add(metrics)
             if entry + 1 < WARMUP_STEPS:
                 self._graphs[phase] = entry + 1
             else:
-                self._try_capture(phase)
+                self._try_capture(phase, tuple(metrics))
         else:
             entry.replay()  # its metrics go to the sums inside the graph
-            self._count += 1
+            self.metrics.count += 1
         self.trainer.advance()
 
-    def _try_capture(self, phase: Hashable) -> None:
+    def _try_capture(self, phase: Hashable, names: tuple[str, ...]) -> None:
         """Capture one step of ``phase`` (recording runs nothing: this step already ran eagerly); a step
         that can't be captured (a trainer breaking `CapturableTrainer`'s rules) runs eagerly from now on."""
         graph = torch.cuda.CUDAGraph()
+        add_metrics = self.metrics.adder(names)
         try:
             for generator in self.trainer.generators():
                 graph.register_generator_state(generator)
@@ -146,8 +193,7 @@ class LearnerStep:
                 optimizer.zero_grad(set_to_none=True)  # the graph allocates the gradients from its own pool
             # Ingest threads copy into the replay meanwhile: only this thread's calls must be capture-safe.
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                metrics = self._device_step()
-                self._accumulate(metrics)
+                add_metrics(self._device_step())
         except Exception:
             logger.warning("the learner step could not be captured in a CUDA graph; it runs eagerly", exc_info=True)
             self.capture = False
