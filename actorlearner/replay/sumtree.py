@@ -13,7 +13,9 @@ running deltas), so the total never drifts from the sum of the leaves. A paralle
 minima gives the smallest positive leaf (for exact importance weights) the same way. No
 method but :meth:`SumTree.sample`'s zero check reads a value back to the host: on CUDA
 nothing waits for the GPU, and a fixed-size :meth:`SumTree.sample_positive` or update is
-the same device operations every time (capturable in a CUDA graph).
+the same device operations every time (capturable in a CUDA graph). On CUDA, when triton
+imports, :meth:`SumTree.sample_positive` and :meth:`SumTree.update` run as a few Triton kernels
+instead (:mod:`actorlearner.replay.triton_tree`), with the same results.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class SumTree:
         self._top_cumsum = torch.zeros(top, **kw)
         self._top_before = torch.zeros(top, **kw)  # mass left of each top node
         self._min = torch.full((), math.inf, **kw)
+        self._triton = _triton_kernels(self.device)  # None: the torch code below
 
     @property
     def leaves(self) -> torch.Tensor:
@@ -79,6 +82,8 @@ class SumTree:
         values = values.to(self.device, torch.float64).reshape(-1)
         if indices.numel() == 0:
             return
+        if self._triton is not None:
+            return self._triton.update(self, indices, values)
         indices, values = _last_write_wins(indices, values)
         self._sums[-1].index_copy_(0, indices, values)  # repeated indices now write the same value
         k = self.branching
@@ -125,6 +130,8 @@ class SumTree:
 
         With a zero total it still returns leaf indices inside the tree, just not meaningful ones.
         """
+        if self._triton is not None:
+            return self._triton.sample_positive(self, batch_size, generator)
         total = self.total()
         target = torch.rand(batch_size, dtype=torch.float64, device=self.device, generator=generator)
         target.add_(torch.arange(batch_size, dtype=torch.float64, device=self.device)).mul_(total / batch_size)
@@ -247,6 +254,17 @@ class CpuSumTree:
         if leaves.shape != (self.capacity,):
             raise ValueError(f"leaves must have shape ({self.capacity},), got {tuple(leaves.shape)}")
         self.update_range(0, leaves)
+
+
+def _triton_kernels(device: torch.device):
+    """The Triton path's module for a tree on CUDA when triton imports and compiles its kernels, else None."""
+    if device.type != "cuda":
+        return None
+    try:
+        from actorlearner.replay import triton_tree
+    except ImportError:
+        return None
+    return None if triton_tree.INTERPRETED else triton_tree  # the interpreter reads tensors on the host
 
 
 def _numpy(values, dtype) -> np.ndarray:
