@@ -84,7 +84,7 @@ def test_feed_forward_dqn_stays_near_zero_on_the_memory_task():
     """Without memory the best policy is a guess: over 200 evaluation episodes its mean stays near 0 (sd 0.07)."""
     with tempfile.TemporaryDirectory() as run_dir:
         done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--actors", "2", "--seed", "0",
-                               "--env", "custom_envs:memory_cue", "--target-return", "0.9", "--max-seconds", "40",
+                               "--env", "custom_envs:memory_cue", "--target-return", "0.9", "--max-seconds", "30",
                                "--eval-episodes", "200", "--run-dir", run_dir, "--no-plot"],
                               capture_output=True, text=True, timeout=300, env=CHILD_ENV)
     result = json.loads(done.stdout.strip().splitlines()[-1])

@@ -15,6 +15,7 @@ from procs import CHILD_ENV, wait_until
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from actorlearner.actor.actor import Actor
+from actorlearner.cli import main
 from actorlearner.config import ActorConfig, LearnerConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.parameters import ParameterError
@@ -41,10 +42,16 @@ def set_cli(port: int, *assignments: str, token: str = TOKEN) -> subprocess.Comp
                           env=CHILD_ENV)
 
 
+def set_in_process(port: int, *assignments: str, capsys) -> tuple[int, str]:
+    """`actorlearner set` through the CLI's own entry point in this process: (exit code, stderr)."""
+    code = main(["set", "--learner", f"127.0.0.1:{port}", "--auth-token", TOKEN, *assignments])
+    return code, capsys.readouterr().err
+
+
 def tunable_state(learner: Learner) -> tuple:
-    """Everything a SetParameters request may change."""
+    """Everything a SetParameters request may change (a tensor lr, as on CUDA, read as its value)."""
     return (learner.config, learner.algorithm_config, learner.algorithm.config,
-            [g["lr"] for g in learner.algorithm.optimizer.param_groups], learner.limiter.samples_per_insert,
+            [float(g["lr"]) for g in learner.algorithm.optimizer.param_groups], learner.limiter.samples_per_insert,
             learner.limiter.diff, learner.replay.alpha, learner.replay.beta0, dict(learner.changed_parameters),
             learner.settings_version, learner.spec().algorithm_config)
 
@@ -102,7 +109,7 @@ def test_set_changes_lr_and_epsilon_on_a_running_learner_and_its_actor_and_they_
     resumed.telemetry.close()
 
 
-def test_a_bad_name_or_value_is_refused_with_the_reason_and_nothing_changes(tmp_path):
+def test_a_bad_name_or_value_is_refused_with_the_reason_and_nothing_changes(tmp_path, capsys):
     learner = Learner(learner_config(tmp_path, checkpoint_dir="", logdir=""))
     with serve(learner, "127.0.0.1", 0) as port:
         before = tunable_state(learner)
@@ -117,11 +124,10 @@ def test_a_bad_name_or_value_is_refused_with_the_reason_and_nothing_changes(tmp_
             ("dqn-lr=1e-4", "dqn_lr=2e-4"): "named more than once",
         }
         for assignments, reason in refusals.items():
-            done = set_cli(port, *assignments)
-            assert done.returncode == 1, (assignments, done.stdout)
-            assert "INVALID_ARGUMENT" in done.stderr and reason in done.stderr, (assignments, done.stderr[-1000:])
+            code, stderr = set_in_process(port, *assignments, capsys=capsys)
+            assert code == 1 and "INVALID_ARGUMENT" in stderr and reason in stderr, (assignments, stderr[-1000:])
             assert tunable_state(learner) == before, assignments
-        wrong_token = set_cli(port, "dqn-lr=1e-4", token="not-the-token")
+        wrong_token = set_cli(port, "dqn-lr=1e-4", token="not-the-token")  # the command as a process, once
         assert wrong_token.returncode == 1 and "UNAUTHENTICATED" in wrong_token.stderr
         assert tunable_state(learner) == before
     learner.stop()
