@@ -43,7 +43,7 @@ class MetricSums:
         """One eager step's metrics."""
         for name, value in metrics.items():
             if isinstance(value, torch.Tensor):
-                self._kept.append((name, value.detach()))
+                self._kept.append((name, value.detach() if value.requires_grad else value))
             else:
                 self._host[name] = self._host.get(name, 0.0) + float(value)
         self.count += 1
@@ -62,7 +62,7 @@ class MetricSums:
             self.sums = torch.cat([self.sums, self.sums.new_zeros(len(names) - len(self.names))])
         self.names = tuple(names)
         index = torch.tensor([names.index(name) for name, _ in self._kept], device=device)
-        self.sums.index_add_(0, index, torch.stack([value.reshape(()).to(torch.float64) for _, value in self._kept]))
+        self.sums.index_add_(0, index, _stacked([value for _, value in self._kept]))
         self._kept.clear()
 
     def adder(self, names: tuple[str, ...]) -> Callable[[Mapping[str, torch.Tensor]], None]:
@@ -82,7 +82,7 @@ class MetricSums:
         """The mean of each metric since the last read, in one host read; then starts again."""
         totals = dict(self._host)
         parts = ([self.sums] if self.sums is not None else []) + (
-            [torch.stack([value.reshape(()).to(torch.float64) for _, value in self._kept])] if self._kept else [])
+            [_stacked([value for _, value in self._kept])] if self._kept else [])
         if parts:
             values = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()
             for name, value in zip([*(self.names if self.sums is not None else ()),
@@ -94,6 +94,13 @@ class MetricSums:
         self._host = dict.fromkeys(self._host, 0.0)
         count, self.count = self.count, 0
         return {name: value / count for name, value in totals.items()} if count else {}
+
+
+def _stacked(values: list[torch.Tensor]) -> torch.Tensor:
+    """One float64 vector of scalar tensors: two ops when they share a dtype and are 0-d (the usual case)."""
+    if all(value.dim() == 0 and value.dtype == values[0].dtype for value in values):
+        return torch.stack(values).to(torch.float64)
+    return torch.stack([value.reshape(()).to(torch.float64) for value in values])
 
 
 class LearnerStep:
