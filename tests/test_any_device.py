@@ -6,35 +6,20 @@ from __future__ import annotations
 
 import logging
 import struct
-from types import SimpleNamespace
 
-import gymnasium as gym
-import numpy as np
 import pytest
 import torch
+from test_continuous import ALGORITHMS, OBS
+from test_continuous import ASYMMETRIC as ACTIONS
+from test_continuous import batch as sample
 
 from actorlearner.algorithms import make_spec
 from actorlearner.checkpoint.generator import device_tag
-
-OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
-ACTIONS = gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([3.0, 0.5], np.float32))
-ALGORITHMS = ("sac", "td3")
 
 
 def make(name: str, seed: int = 0, device: str = "cpu"):
     """A small trainer."""
     return make_spec(name, OBS, ACTIONS, {"hidden_sizes": (16, 16)}).make_trainer(device=device, seed=seed)
-
-
-def sample(size: int = 32) -> SimpleNamespace:
-    """A fixed replay sample inside the action bounds."""
-    g = torch.Generator().manual_seed(0)
-    low, high = torch.as_tensor(ACTIONS.low), torch.as_tensor(ACTIONS.high)
-    data = {"obs": torch.rand(size, 3, generator=g) * 2 - 1,
-            "action": low + torch.rand(size, 2, generator=g) * (high - low),
-            "reward": torch.randn(size, generator=g), "discount": torch.full((size,), 0.9),
-            "next_obs": torch.rand(size, 3, generator=g) * 2 - 1}
-    return SimpleNamespace(weights=torch.ones(size), data=data)
 
 
 def philox(seed: int, offset: int) -> torch.Tensor:

@@ -17,7 +17,6 @@ from actorlearner.algorithms.base import (
     ClassPartsSpec,
     FlatState,
     Policy,
-    RuntimeTensors,
     follow_lr,
     load_modules_state,
     load_weights,
@@ -116,7 +115,6 @@ class ApeXTrainer(CapturableTrainer):
     target is copied every ``target_update_period`` steps, between captured steps."""
 
     runtime_tensors: ClassVar[tuple[str, ...]] = ("priority_eps", "max_grad_norm")
-    """The runtime options `learn` reads, kept as device tensors (`knobs`)."""
 
     def __init__(self, spec: ApeXSpec, *, device: str | torch.device = "cpu", seed: int = 0):
         super().__init__(spec, device=device)
@@ -127,7 +125,6 @@ class ApeXTrainer(CapturableTrainer):
         self.online.to(self.device)
         self.target.to(self.device)
         self.optimizer = make_adam(self.online.parameters(), self.config.lr, self.device)
-        self.knobs = RuntimeTensors(self.config, self.runtime_tensors, self.device)
         self.num_updates = 0
 
     def advance(self) -> None:
@@ -150,7 +147,6 @@ class ApeXTrainer(CapturableTrainer):
         """Take a config with other runtime-tunable options; the optimizer's lr follows it."""
         super().retune(config)
         follow_lr(self, config.lr)
-        self.knobs.follow(config)
 
     def policy_state_dict(self) -> dict[str, Tensor]:
         return weights(self.online)

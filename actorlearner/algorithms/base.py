@@ -225,6 +225,16 @@ class CapturableTrainer(Trainer):
     """
 
     capturable: ClassVar[bool] = True
+    runtime_tensors: ClassVar[tuple[str, ...]] = ()
+    """The runtime options `learn` reads, kept as device tensors in `knobs` and refilled by `retune`."""
+
+    def __init__(self, spec: AlgorithmSpec, *, device: str | torch.device = "cpu"):
+        super().__init__(spec, device=device)
+        self.knobs = RuntimeTensors(self.config, self.runtime_tensors, self.device)
+
+    def retune(self, config: Any) -> None:
+        super().retune(config)
+        self.knobs.follow(config)
 
     def update(self, sample: SampleLike) -> tuple[Tensor, Mapping[str, Tensor | float]]:
         result = self.learn(sample)

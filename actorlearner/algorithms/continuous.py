@@ -24,7 +24,6 @@ from actorlearner.algorithms.base import (
     ClassPartsSpec,
     FlatState,
     Policy,
-    RuntimeTensors,
     SampleLike,
     TransitionFields,
     check_common_config,
@@ -234,7 +233,6 @@ class ContinuousTrainer(SeededNoise, CapturableTrainer):
     """The actor, twin critics and their Polyak targets, an Adam optimizer each; a subclass writes `learn`."""
 
     runtime_tensors: ClassVar[tuple[str, ...]] = ("priority_eps", "tau")
-    """The runtime options `learn` reads, kept as device tensors (`knobs`)."""
 
     def __init__(self, spec: ContinuousSpec, *, device: str | torch.device = "cpu", seed: int = 0):
         CapturableTrainer.__init__(self, spec, device=device)
@@ -249,7 +247,6 @@ class ContinuousTrainer(SeededNoise, CapturableTrainer):
         self.actor_optimizer = make_adam(self.actor.parameters(), self.config.lr, self.device)
         self.critic_optimizer = make_adam(self.critics.parameters(), self.config.lr, self.device)
         SeededNoise.__init__(self, self.device, seed)
-        self.knobs = RuntimeTensors(self.config, self.runtime_tensors, self.device)
         self.num_updates = 0
 
     def advance(self) -> None:
@@ -279,7 +276,6 @@ class ContinuousTrainer(SeededNoise, CapturableTrainer):
         """Take a config with other runtime-tunable options; every optimizer's lr follows it."""
         super().retune(config)
         follow_lr(self, config.lr)
-        self.knobs.follow(config)
 
     def policy_state_dict(self) -> dict[str, Tensor]:
         return weights(self.actor)

@@ -74,8 +74,7 @@ class MetricSums:
         index = torch.tensor([self.names.index(name) for name in names], device=self.sums.device)
 
         def add_on_device(metrics: Mapping[str, torch.Tensor]) -> None:
-            stacked = torch.stack([metrics[name].detach().reshape(()).to(torch.float64) for name in names])
-            self.sums.index_add_(0, index, stacked)
+            self.sums.index_add_(0, index, _stacked([metrics[name].detach() for name in names]))
         return add_on_device
 
     def read(self) -> dict[str, float]:

@@ -42,7 +42,7 @@ class TrainingLoop:
         self.stopping, self.data_parallel, self.rates = stopping, data_parallel, rates
         # Data-parallel ranks agree between the sample and the update: their steps run eagerly.
         self.step = LearnerStep(algorithm, replay, config.batch_size,
-                                capture=None if not isinstance(data_parallel, DataParallel) else False)
+                                capture=False if isinstance(data_parallel, DataParallel) else None)
         self.update_lock = threading.Lock()
         self.version = 0
         self.updates = 0

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from actorlearner.replay.buffer import PrioritizedReplay, Reservation, Sample
-from actorlearner.replay.layout import gather_rows
+from actorlearner.replay.layout import gather_rows, ring_parts
 from actorlearner.replay.staging import RowStaging
 from actorlearner.replay.sumtree import SumTree
 
@@ -101,10 +101,7 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
     def start_sample(self, batch_size: int, min_policy_version: int | None = None) -> bool:
         """The host half of :meth:`sample` (checks, eviction, beta's annealing); True when :meth:`draw`
         may follow, False when only :meth:`draw_on_host` can (nothing eligible, or zero priorities)."""
-        beta = self._begin_sample(batch_size, min_policy_version)
-        self._beta_t.fill_(beta)
-        self._host_beta = beta
-        return self._eligible > 0 and self.eps ** self.alpha > 0  # then every eligible leaf is positive
+        return self._set_beta(self._begin_sample(batch_size, min_policy_version))
 
     def draw(self, batch_size: int) -> Sample:
         """Stratified draws and IS weights after :meth:`start_sample` said True: device operations only."""
@@ -120,10 +117,13 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
         return super()._draw(batch_size, self._host_beta)
 
     def _draw(self, batch_size: int, beta: float) -> Sample:
+        return self.draw(batch_size) if self._set_beta(beta) else self.draw_on_host(batch_size)
+
+    def _set_beta(self, beta: float) -> bool:
+        """Take this sample's beta (on the device too); whether :meth:`draw` may follow."""
         self._beta_t.fill_(beta)
         self._host_beta = beta
-        drawable = self._eligible > 0 and self.eps ** self.alpha > 0
-        return self.draw(batch_size) if drawable else self.draw_on_host(batch_size)
+        return self._eligible > 0 and self.eps ** self.alpha > 0  # then every eligible leaf is positive
 
     def _sample_by_priority(self, batch_size: int, beta: float) -> Sample:
         return self.draw(batch_size)
@@ -236,7 +236,7 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
         raise NotImplementedError("the device path checks priorities in _check_priorities")
 
     def _hide(self, start: int, n: int) -> None:
-        for at, stop in _ring_parts(start, n, self.capacity):
+        for at, stop, _ in ring_parts(start, n, self.capacity):
             stored = self._host_stored[at:stop]
             self._eligible -= int(np.count_nonzero(stored & (self._host_versions[at:stop] >= self._lowest_eligible())))
             stored[:] = False
@@ -247,13 +247,11 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
     def _store(self, reservation: Reservation, keys: torch.Tensor) -> None:
         n, start = reservation.n, reservation.start
         host_versions = np.broadcast_to(reservation.versions, (n,))  # one version for all items, or one each
-        offset = 0
-        for at, stop in _ring_parts(start, n, self.capacity):
+        for at, stop, offset in ring_parts(start, n, self.capacity):
             versions_part = host_versions[offset:offset + stop - at]
             self._host_versions[at:stop] = versions_part
             self._host_stored[at:stop] = True
             self._eligible += int(np.count_nonzero(versions_part >= self._lowest_eligible()))
-            offset += stop - at
         with torch.inference_mode():
             versions = torch.from_numpy(np.ascontiguousarray(host_versions)).to(self.device, non_blocking=True)
             if reservation.priorities is None:
@@ -277,17 +275,9 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
 
     def _write(self, store: torch.Tensor | None, start: int, values: torch.Tensor) -> None:
         """Copy ``values`` into the circular ``store`` (or the tree's leaves) from ``start``, wrapping once."""
-        offset = 0
-        for at, stop in _ring_parts(start, values.shape[0], self.capacity):
+        for at, stop, offset in ring_parts(start, values.shape[0], self.capacity):
             part = values[offset:offset + stop - at]
-            offset += stop - at
             if store is None:
                 self._tree.update_range(at, part)
             else:
                 store[at:stop].copy_(part, non_blocking=True)
-
-
-def _ring_parts(start: int, n: int, capacity: int) -> list[tuple[int, int]]:
-    """The one or two slot ranges ``[at, stop)`` that ``n`` slots from ``start`` cover in a ring."""
-    first = min(n, capacity - start)
-    return [(start, start + first)] + ([(0, n - first)] if n > first else [])

@@ -59,6 +59,13 @@ def typed_columns(rows: torch.Tensor, layout: Layout) -> dict[str, torch.Tensor]
     return out
 
 
+def ring_parts(start: int, n: int, capacity: int) -> list[tuple[int, int, int]]:
+    """Where ``n`` items from slot ``start`` land in a ring of ``capacity`` slots: one or two
+    ``(first slot, end slot, offset of the first item)``."""
+    first = min(n, capacity - start)
+    return [(start, start + first, 0)] + ([(0, n - first, first)] if n > first else [])
+
+
 def typed_column(rows: torch.Tensor, layout: Layout, name: str) -> torch.Tensor:
     """The typed view ``(len(rows), *shape)`` of field ``name`` inside a block of byte rows."""
     return typed_columns(rows, {name: layout[name]})[name]

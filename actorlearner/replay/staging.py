@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import torch
 
-from actorlearner.replay.layout import KEY, Layout, typed_columns
+from actorlearner.replay.layout import KEY, Layout, ring_parts, typed_columns
 
 MAX_BUFFERS = 8
 """Pinned staging buffers kept at most; an insert waits for a copy only when all are in flight."""
@@ -36,10 +36,8 @@ class RowStaging:
         for name, column in columns.items():
             typed[name].copy_(column)
         typed[KEY].fill_(-1)
-        first = min(n, self.capacity - start)
-        self.rows[start:start + first].copy_(staged[:first], non_blocking=True)
-        if n > first:
-            self.rows[:n - first].copy_(staged[first:], non_blocking=True)
+        for at, stop, offset in ring_parts(start, n, self.capacity):
+            self.rows[at:stop].copy_(staged[offset:offset + stop - at], non_blocking=True)
         done = torch.cuda.Event()
         done.record()
         with self._lock:
