@@ -26,6 +26,8 @@ class TrainedPolicy:
 
     policy: Policy
     env: str
+    frame_stack: int
+    """Frames each observation stacks (0: none), as it was trained."""
     algorithm: str
     seed: int
     source: Path
@@ -58,7 +60,8 @@ def load_trained(path: str | os.PathLike[str], env: str = "") -> TrainedPolicy:
     cls = resolve(run["algorithm"])
     config = make_config(cls, json.loads(run["algorithm_config"]))
     env = env or run["env"]
-    probe = make_env(env)
+    frame_stack = int(run.get("frame_stack", 0))
+    probe = make_env(env, frame_stack=frame_stack)
     try:
         spaces, game = seat_spaces(probe), is_multi_agent(probe)
     finally:
@@ -69,7 +72,7 @@ def load_trained(path: str | os.PathLike[str], env: str = "") -> TrainedPolicy:
     policy = spec.make_policy(device="cpu", seed=int(run["seed"]))
     policy.load_policy_state_dict(trainer.policy_state_dict())
     updates = parts["algorithm"].get("num_updates")
-    return TrainedPolicy(policy, env, run["algorithm"], int(run["seed"]), source, *spaces, game,
+    return TrainedPolicy(policy, env, frame_stack, run["algorithm"], int(run["seed"]), source, *spaces, game,
                          None if updates is None else int(updates))
 
 
@@ -80,14 +83,14 @@ def play_trained(trained: TrainedPolicy, opponents: list[str], games: int, num_e
     from actorlearner.league.evaluation import play_games, scripted
 
     spaces = (trained.observation_space, trained.action_space)
-    return [(name, *play_games(trained.policy, lambda: make_env(trained.env), scripted(name, spaces, seed), games,
+    return [(name, *play_games(trained.policy, lambda: make_env(trained.env, frame_stack=trained.frame_stack), scripted(name, spaces, seed), games,
                                num_envs, seed)) for name in opponents]
 
 
 def evaluate_trained(trained: TrainedPolicy, episodes: int, num_envs: int, seed: int) -> EvalResult:
     """Greedy episodes of a trained policy, spread evenly over ``num_envs`` envs."""
     policy = trained.policy
-    return evaluate(lambda obs: policy.act(obs, 0.0), lambda: make_env(trained.env), episodes, num_envs, seed,
+    return evaluate(lambda obs: policy.act(obs, 0.0), lambda: make_env(trained.env, frame_stack=trained.frame_stack), episodes, num_envs, seed,
                     policy.reset_memory)
 
 
@@ -112,6 +115,6 @@ def record_trained(trained: TrainedPolicy, episodes: int, num_envs: int, seed: i
                                             name_prefix=f"env-{i}")
 
     policy = trained.policy
-    result = evaluate(lambda obs: policy.act(obs, 0.0), lambda: make_env(trained.env, render_mode="rgb_array"),
+    result = evaluate(lambda obs: policy.act(obs, 0.0), lambda: make_env(trained.env, render_mode="rgb_array", frame_stack=trained.frame_stack),
                       episodes, num_envs, seed, policy.reset_memory, recorder)
     return result, [folder / f"env-{i}-episode-{j}.mp4" for i, count in enumerate(recorded) for j in range(count)]

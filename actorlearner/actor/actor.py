@@ -61,7 +61,7 @@ class Actor:
         self._opponents: set[str] = set()  # opponents of the games under way at the last batch or drawn since
         self._slots = itertools.count()
         self.envs = make_vector_env(config.env, config.num_envs, config.vector_mode, config.security,
-                                    wrap=self._seat if self.agents else None)
+                                    wrap=self._seat if self.agents else None, frame_stack=config.frame_stack)
         obs_space, act_space = self.envs.single_observation_space, self.envs.single_action_space
         self.obs_space, self.act_space = obs_space, act_space
         hello = pb.Hello(actor_id=self.actor_id, protocol_version=wire.PROTOCOL_VERSION,

@@ -89,6 +89,7 @@ def new_run_dir(config: LearnerConfig) -> str:
 def _spawn_actor(config: RunConfig, port: int, index: int) -> subprocess.Popen:
     command = [sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
                "--env", config.learner.env, "--num-envs", str(config.num_envs),
+               "--frame-stack", str(config.learner.frame_stack),
                "--seed", str(config.learner.seed * 1000 + index), "--actor-id", f"actor-{index}"]
     security = {opt.env_var: str(value) for opt in options(SecurityConfig)
                 if (value := getattr(config.learner.security, opt.path[-1]))}  # by env var: no token in ps

@@ -15,6 +15,8 @@ class ActorConfig:
     """Learner address HOST:PORT."""
     env: str = "CartPole-v1"
     """Environment to run: a gymnasium id, package.module:function, or grpc://host:port."""
+    frame_stack: int = 0
+    """Stack each observation with the frames before it (K >= 2; 0: off); each frame then travels and is stored once. The learner must stack the same."""
     actor_id: str = ""
     """Stable id across reconnects; default HOSTNAME-PID."""
     num_envs: int = 4

@@ -16,6 +16,8 @@ class LearnerConfig:
 
     env: str = "CartPole-v1"
     """Environment the actors must run: a gymnasium id, package.module:function, or grpc://host:port."""
+    frame_stack: int = 0
+    """Stack each observation with the frames before it (K >= 2; 0: off); each frame then travels and is stored once. Actors must stack the same."""
     host: str = "127.0.0.1"
     """Address to listen on. Binding anything but loopback exposes the learner."""
     port: int = 50051

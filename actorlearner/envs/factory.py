@@ -22,16 +22,40 @@ from actorlearner.envs.remote import SCHEME, RemoteEnv, connect
 from actorlearner.transport import SecurityConfig
 
 
-def make_env(name: str, security: SecurityConfig | None = None,
-             render_mode: str | None = None) -> gym.Env | MultiAgentEnv:
+def make_env(name: str, security: SecurityConfig | None = None, render_mode: str | None = None,
+             frame_stack: int = 0) -> gym.Env | MultiAgentEnv:
     """One environment named ``name``, a gymnasium env or a multi-agent env; ValueError with the
     reason when it cannot be made.
+
+    ``frame_stack`` K >= 2 stacks each observation with the K - 1 before it (gymnasium's
+    FrameStackObservation; at an episode's start the stack repeats the first frame): the
+    observation becomes ``(K, *frame)``. Actors then send each frame once and the replay keeps
+    it once (:mod:`actorlearner.frames`).
 
     ``security`` is the token and TLS material for a ``grpc://`` env server (whose spec says
     which kind it serves). ``render_mode`` (``"rgb_array"``, say) is passed to a registered env
     and to a factory that takes it; an env that does not list it in ``metadata["render_modes"]``
     (remote envs list none) is a ValueError, and so is any multi-agent env.
     """
+    env = _make_env(name, security, render_mode)
+    return stack_frames(name, env, frame_stack) if frame_stack else env
+
+
+def stack_frames(name: str, env: gym.Env | MultiAgentEnv, frame_stack: int) -> gym.Env:
+    """``env`` whose observations stack the last ``frame_stack`` frames; ValueError (env closed) when it cannot."""
+    try:
+        if frame_stack < 2:
+            raise ValueError(f"frame_stack must be 0 (off) or at least 2, got {frame_stack}")
+        if is_multi_agent(env) or not isinstance(env.observation_space, gym.spaces.Box):
+            raise ValueError(f"cannot stack the frames of {name}: frame stacking needs a Box observation, "
+                             f"it has {env.observation_space if not is_multi_agent(env) else 'several agents'}")
+    except BaseException:
+        env.close()
+        raise
+    return gym.wrappers.FrameStackObservation(env, frame_stack, padding_type="reset")
+
+
+def _make_env(name: str, security: SecurityConfig | None, render_mode: str | None) -> gym.Env | MultiAgentEnv:
     if name.startswith(SCHEME):
         if render_mode is not None:
             _check_render_mode(name, RemoteEnv.metadata, render_mode)
@@ -56,8 +80,10 @@ def make_env(name: str, security: SecurityConfig | None = None,
 
 
 def make_vector_env(name: str, num_envs: int, mode: str = "sync", security: SecurityConfig | None = None,
-                    wrap: Callable[[gym.Env | MultiAgentEnv], gym.Env] | None = None) -> gym.vector.VectorEnv:
-    """``num_envs`` copies of ``name`` stepped together (``mode``: sync or async).
+                    wrap: Callable[[gym.Env | MultiAgentEnv], gym.Env] | None = None,
+                    frame_stack: int = 0) -> gym.vector.VectorEnv:
+    """``num_envs`` copies of ``name`` stepped together (``mode``: sync or async), frames stacked as
+    :func:`make_env` says.
 
     ``wrap``, when given, is applied to every env made and returns the gymnasium.Env to step
     (it turns a multi-agent env into one; in async mode it must be picklable). A multi-agent
@@ -65,17 +91,19 @@ def make_vector_env(name: str, num_envs: int, mode: str = "sync", security: Secu
     """
     if mode not in ("sync", "async"):
         raise ValueError(f"vector mode must be sync or async, got {mode!r}")
-    _make_wrapped(name, security, wrap).close()  # fail early, in this process, with the clear error
-    factories = [functools.partial(_make_wrapped, name, security, wrap)] * num_envs
+    _make_wrapped(name, security, wrap, frame_stack).close()  # fail early, in this process, with the clear error
+    factories = [functools.partial(_make_wrapped, name, security, wrap, frame_stack)] * num_envs
     return gym.vector.SyncVectorEnv(factories) if mode == "sync" else gym.vector.AsyncVectorEnv(factories)
 
 
-def _make_wrapped(name: str, security: SecurityConfig | None, wrap) -> gym.Env:
-    """``make_env(name)`` passed through ``wrap``; the env is closed if that fails."""
+def _make_wrapped(name: str, security: SecurityConfig | None, wrap, frame_stack: int = 0) -> gym.Env:
+    """``make_env(name)`` passed through ``wrap``, frames stacked; the env is closed if that fails."""
     env = make_env(name, security)
     try:
         if wrap is not None:
             return wrap(env)
+        if frame_stack:
+            return stack_frames(name, env, frame_stack)
         if is_multi_agent(env):
             raise ValueError(f"{name} is a multi-agent env (agents {', '.join(map(repr, env.possible_agents))}): "
                              "a multi-agent env trains by self-play, one seat at a time (wrap it in a SeatEnv)")

@@ -71,7 +71,7 @@ class Learner:
         self.device = resolve_device(config.device)
         if self.world.size > 1:
             self.device = local_device(self.device)
-        env = make_env(config.env, config.security)
+        env = make_env(config.env, config.security, frame_stack=config.frame_stack)
         try:
             self.agents = list(env.possible_agents) if is_multi_agent(env) else []
             spaces = seat_spaces(env)
@@ -283,7 +283,7 @@ class Learner:
 
     def run_record(self) -> dict[str, str | int]:
         """What a checkpoint needs to rebuild its policy without this learner: env, algorithm, its options."""
-        return {"env": self.config.env, "algorithm": self.config.algorithm,
+        return {"env": self.config.env, "frame_stack": self.config.frame_stack, "algorithm": self.config.algorithm,
                 "algorithm_config": config_json(self.algorithm_config), "seed": self.config.seed}
 
     def status(self) -> pb.StatusResponse:

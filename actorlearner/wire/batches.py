@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import zlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import msgpack
 import numpy as np
@@ -83,8 +83,12 @@ def decode_batch(
     max_bytes: int = DEFAULT_MAX_BYTES,
     *,
     writable: bool = False,
+    tables: Collection[str] = (),
 ) -> dict[str, np.ndarray]:
     """Fields of a TrajectoryBatch payload, exactly as ``spec`` says, each ``(n, *shape)``.
+
+    A field named in ``tables`` (the frames of a frame-stacked batch) is ``(m, *shape)`` for
+    any ``m >= 1``: its rows are referred to by index from other fields.
 
     Arrays are read-only views over the decoded payload unless ``writable``; floats are
     finite. Anything else raises WireError (INVALID_ARGUMENT or RESOURCE_EXHAUSTED).
@@ -103,7 +107,8 @@ def decode_batch(
             array = decode_array(obj[name], max_bytes, writable=writable)
         except WireError as e:
             raise WireError(f"field {name!r}: {e}", e.code) from None
-        want_dtype, want_shape = np_dtype(dtype), (num_transitions, *map(int, shape))
+        rows = array.shape[0] if name in tables and array.ndim and array.shape[0] else num_transitions
+        want_dtype, want_shape = np_dtype(dtype), (rows, *map(int, shape))
         if array.dtype != want_dtype:
             raise WireError(f"field {name!r} has dtype {array.dtype}, expected {want_dtype}")
         if array.shape != want_shape:
