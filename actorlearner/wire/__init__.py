@@ -6,14 +6,14 @@ policy weights and their chunks in :mod:`.weights`; callers use them as ``wire.X
 
 from actorlearner.wire.arrays import (DEFAULT_MAX_BYTES, DTYPES, MAX_RANK, TORCH_DTYPES, Spec, WireError,
                                       decode_array, encode_array, np_dtype)
-from actorlearner.wire.batches import Codec, decode_batch, decode_priorities, encode_batch, encode_batch_message
+from actorlearner.wire.batches import FRAMES, Codec, decode_batch, decode_priorities, encode_batch, encode_batch_message
 from actorlearner.wire.weights import (ChunkAssembler, decode_state_dict, encode_state_dict, split_chunks,
                                        state_dict_spec)
 
 PROTOCOL_VERSION = 1
 """Version of the actor <-> learner protocol (``Hello.protocol_version``)."""
 
-__all__ = ["DEFAULT_MAX_BYTES", "DTYPES", "MAX_RANK", "PROTOCOL_VERSION", "TORCH_DTYPES", "ChunkAssembler", "Codec",
+__all__ = ["DEFAULT_MAX_BYTES", "DTYPES", "FRAMES", "MAX_RANK", "PROTOCOL_VERSION", "TORCH_DTYPES", "ChunkAssembler", "Codec",
            "Spec", "WireError", "decode_array", "decode_batch", "decode_priorities", "decode_state_dict",
            "encode_array", "encode_batch", "encode_batch_message", "encode_state_dict", "np_dtype", "split_chunks",
            "state_dict_spec"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import zlib
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
 import msgpack
 import numpy as np
@@ -12,6 +12,9 @@ import numpy as np
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.wire.arrays import (DEFAULT_MAX_BYTES, Buffer, Spec, WireError, check_keys, decode_array,
                                       encode_array, np_dtype, unpack)
+
+FRAMES = "frames"
+"""The field of a frame-stacked batch that holds its frames, each once (``actorlearner.frames``)."""
 
 
 class Codec(enum.IntEnum):
@@ -83,12 +86,11 @@ def decode_batch(
     max_bytes: int = DEFAULT_MAX_BYTES,
     *,
     writable: bool = False,
-    tables: Collection[str] = (),
 ) -> dict[str, np.ndarray]:
     """Fields of a TrajectoryBatch payload, exactly as ``spec`` says, each ``(n, *shape)``.
 
-    A field named in ``tables`` (the frames of a frame-stacked batch) is ``(m, *shape)`` for
-    any ``m >= 1``: its rows are referred to by index from other fields.
+    The one exception is :data:`FRAMES`, a frame-stacked batch's frames: ``(m, *shape)`` for any
+    ``m >= 1``, referred to by index from the observation fields.
 
     Arrays are read-only views over the decoded payload unless ``writable``; floats are
     finite. Anything else raises WireError (INVALID_ARGUMENT or RESOURCE_EXHAUSTED).
@@ -107,7 +109,7 @@ def decode_batch(
             array = decode_array(obj[name], max_bytes, writable=writable)
         except WireError as e:
             raise WireError(f"field {name!r}: {e}", e.code) from None
-        rows = array.shape[0] if name in tables and array.ndim and array.shape[0] else num_transitions
+        rows = array.shape[0] if name == FRAMES and array.ndim and array.shape[0] else num_transitions
         want_dtype, want_shape = np_dtype(dtype), (rows, *map(int, shape))
         if array.dtype != want_dtype:
             raise WireError(f"field {name!r} has dtype {array.dtype}, expected {want_dtype}")
