@@ -1,4 +1,4 @@
-"""Environments by name (gymnasium id, module:function, grpc://), the env server and the remote envs."""
+"""Environments by name (gymnasium id, module:function, grpc://, ALE/ Atari games), the env server and the remote envs."""
 
 from actorlearner.envs.factory import make_env, make_vector_env
 from actorlearner.envs.remote import RemoteEnv, RemoteEnvError, RemoteMultiAgentEnv

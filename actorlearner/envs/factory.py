@@ -4,7 +4,8 @@ A name is one of:
   - a registered gymnasium id: ``CartPole-v1``;
   - ``package.module:function``: a callable returning a ``gymnasium.Env`` or a multi-agent env
     (:mod:`actorlearner.envs.multiagent`);
-  - ``grpc://host:port``: a remote env behind env.proto's ``Environment`` service, of either kind.
+  - ``grpc://host:port``: a remote env behind env.proto's ``Environment`` service, of either kind;
+  - ``ALE/Game-v5``: an Atari game with the DQN preprocessing (:mod:`actorlearner.envs.atari`).
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from collections.abc import Callable
 
 import gymnasium as gym
 
+from actorlearner.envs.atari import is_atari, make_atari
 from actorlearner.envs.multiagent import MultiAgentEnv, check_agents, is_multi_agent
 from actorlearner.envs.remote import SCHEME, RemoteEnv, connect
 from actorlearner.transport import SecurityConfig
 
 
 def make_env(name: str, security: SecurityConfig | None = None, render_mode: str | None = None,
-             frame_stack: int = 0) -> gym.Env | MultiAgentEnv:
+             frame_stack: int = 0, training: bool = False) -> gym.Env | MultiAgentEnv:
     """One environment named ``name``, a gymnasium env or a multi-agent env; ValueError with the
     reason when it cannot be made.
 
@@ -36,8 +38,11 @@ def make_env(name: str, security: SecurityConfig | None = None, render_mode: str
     which kind it serves). ``render_mode`` (``"rgb_array"``, say) is passed to a registered env
     and to a factory that takes it; an env that does not list it in ``metadata["render_modes"]``
     (remote envs list none) is a ValueError, and so is any multi-agent env.
+
+    ``training`` makes the env an actor trains on: an Atari game's then clips rewards (and may
+    end episodes at lost lives); evaluation's envs give raw scores.
     """
-    env = _make_env(name, security, render_mode)
+    env = _make_env(name, security, render_mode, training)
     return stack_frames(name, env, frame_stack) if frame_stack else env
 
 
@@ -55,7 +60,10 @@ def stack_frames(name: str, env: gym.Env | MultiAgentEnv, frame_stack: int) -> g
     return gym.wrappers.FrameStackObservation(env, frame_stack, padding_type="reset")
 
 
-def _make_env(name: str, security: SecurityConfig | None, render_mode: str | None) -> gym.Env | MultiAgentEnv:
+def _make_env(name: str, security: SecurityConfig | None, render_mode: str | None,
+              training: bool) -> gym.Env | MultiAgentEnv:
+    if is_atari(name):
+        return _with_render_mode(name, make_atari(name, render_mode, training), render_mode)
     if name.startswith(SCHEME):
         if render_mode is not None:
             _check_render_mode(name, RemoteEnv.metadata, render_mode)
@@ -97,8 +105,8 @@ def make_vector_env(name: str, num_envs: int, mode: str = "sync", security: Secu
 
 
 def _make_wrapped(name: str, security: SecurityConfig | None, wrap, frame_stack: int = 0) -> gym.Env:
-    """``make_env(name)`` passed through ``wrap``, frames stacked; the env is closed if that fails."""
-    env = make_env(name, security)
+    """``make_env(name)`` for training, passed through ``wrap``, frames stacked; the env is closed if that fails."""
+    env = make_env(name, security, training=True)
     try:
         if wrap is not None:
             return wrap(env)
