@@ -285,3 +285,43 @@ def failing() -> gym.Env:
 
 def not_an_env():
     return object()
+
+
+class MovingDotEnv(gym.Env):
+    """Say which way a dot moves: it starts anywhere on a 4x20 image and moves one pixel a step, left or
+    right (drawn per episode), wrapping around the edges, for 6 steps; each step, naming the direction
+    pays +1.
+
+    One frame shows where the dot is, and every place is as likely whichever way it moves: without
+    frames stacked every policy scores 3 on average. With two frames stacked only the first step
+    (whose stack repeats the first frame) is a guess: the best policy scores 5.5.
+    """
+
+    metadata = {"render_modes": []}
+    LENGTH, WIDTH = 6, 20
+
+    def __init__(self):
+        self.observation_space = spaces.Box(0, 255, (4, self.WIDTH), np.uint8)
+        self.action_space = spaces.Discrete(2)  # 0: left, 1: right
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.position = int(self.np_random.integers(self.WIDTH))
+        self.direction = int(self.np_random.integers(2))
+        self.steps = 0
+        return self._frame(), {}
+
+    def step(self, action):
+        reward = float(int(action) == self.direction)
+        self.position = (self.position + (1 if self.direction else -1)) % self.WIDTH
+        self.steps += 1
+        return self._frame(), reward, self.steps == self.LENGTH, False, {}
+
+    def _frame(self) -> np.ndarray:
+        frame = np.zeros((4, self.WIDTH), np.uint8)
+        frame[:, self.position] = 255
+        return frame
+
+
+def moving_dot() -> gym.Env:
+    return MovingDotEnv()

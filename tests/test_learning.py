@@ -93,6 +93,25 @@ def test_feed_forward_dqn_stays_near_zero_on_the_memory_task():
 
 
 @pytest.mark.learning
+def test_dqn_tells_which_way_a_dot_moves_from_stacked_frames():
+    """Two frames stacked, each stored once: only the first step of 6 is a guess (best mean 5.5)."""
+    run_until(5.2, "--env", "custom_envs:moving_dot", "--frame-stack", "2", "--eval-episodes", "50")
+
+
+@pytest.mark.learning
+def test_dqn_cannot_tell_which_way_a_dot_moves_from_one_frame():
+    """From one frame every policy scores 3 on average (sd 0.17 over 50 episodes), however long it trains."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--actors", "2", "--seed", "0",
+                               "--env", "custom_envs:moving_dot", "--target-return", "5.2", "--max-seconds", "25",
+                               "--eval-episodes", "50", "--run-dir", run_dir, "--no-plot"],
+                              capture_output=True, text=True, timeout=300, env=CHILD_ENV)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["solved"] is False and result["eval_return"] <= 4.0, result
+    assert result["updates"] > 400  # it trained longer than the stacked run needs, and still cannot tell
+
+
+@pytest.mark.learning
 def test_two_data_parallel_learners_with_two_actors_each_solve_cartpole():
     """Rank 0 evaluates; each rank's updates per second are logged (compare a single learner's in the tests above)."""
     budget = 600

@@ -14,11 +14,14 @@ import numpy as np
 import torch
 
 from actorlearner import specs, wire
+from actorlearner.actor.batching import PendingTransitions, rows
+from actorlearner.actor.frames import FrameIds, FramePending
 from actorlearner.actor.link import AppliedWelcome, LearnerLink, SettingsError, policy_key
-from actorlearner.algorithms import Policy, TransitionAssembler, make_spec
+from actorlearner.algorithms import AlgorithmSpec, Policy, TransitionAssembler, make_spec
 from actorlearner.config import ActorConfig
 from actorlearner.envs import make_env, make_vector_env
 from actorlearner.envs.multiagent import is_multi_agent, shared_spaces
+from actorlearner.frames import FrameLayout, algorithm_frames, batch_fields
 from actorlearner.league import Game, OpponentPool, SeatEnv
 from actorlearner.league.league import OUTCOME_CODES
 from actorlearner.metrics import Metric
@@ -75,9 +78,10 @@ class Actor:
         self.policy_version = -1  # -1 while the network has no weights
         self.assembler: TransitionAssembler | None = None
         self.exploration = 1.0
-        self._blocks: list[dict[str, np.ndarray]] = []  # transitions not yet in a batch
-        self._block_versions: list[int] = []  # the policy version that produced each block
-        self._block_count = 0
+        # Frame stacking: each frame gets an id once; items are assembled of ids and carry their frames.
+        self.frame_ids = FrameIds(config.num_envs, config.frame_stack) if config.frame_stack else None
+        self.frame_layout: FrameLayout | None = None  # of the session's algorithm
+        self.pending: PendingTransitions | FramePending = PendingTransitions()  # transitions not yet in a batch
         self._seq = self._first_seq()
         self.env_steps = 0
         self.steps_meter = RateMeter()
@@ -149,18 +153,25 @@ class Actor:
                 raise TypeError("algorithm_config must be a JSON object")
             spec = make_spec(settings.algorithm, self.obs_space, self.act_space, hyperparameters)
             policy = spec.make_policy(device="cpu", seed=self.config.seed)
+            layout, assembling = self._assembly(spec)
+            fields = assembling.transition_fields()
+            fields = fields if layout is None else batch_fields(layout, fields)
         except (ValueError, TypeError, RuntimeError) as exc:  # what bad values make configs and torch raise
             raise SettingsError(f"{type(exc).__name__}: {exc}") from None
         if settings.HasField("league") != bool(self.agents):
             raise SettingsError(f"the learner {'keeps' if settings.HasField('league') else 'keeps no'} league but "
                                 f"this actor's env has {'several agents' if self.agents else 'one agent'}")
-        built = {name: (tuple(shape), wire.np_dtype(dtype).name)
-                 for name, (shape, dtype) in spec.transition_fields().items()}
+        built = {name: (tuple(shape), wire.np_dtype(dtype).name) for name, (shape, dtype) in fields.items()}
         expected = {f.name: (tuple(f.shape), f.dtype) for f in welcome.batch_fields}
         if built != expected:
             raise SettingsError(f"the learner expects batch fields {expected}, but {settings.algorithm} on this actor "
                                 f"makes {built}: run the same algorithm code on both")
         return policy
+
+    def _assembly(self, spec: AlgorithmSpec) -> tuple[FrameLayout | None, AlgorithmSpec]:
+        """The frame layout (None without frame stacking) and the spec whose assembler makes this actor's items:
+        ``spec`` itself, or with frames stacked the same algorithm over frame ids."""
+        return (None, spec) if self.frame_ids is None else algorithm_frames(spec)
 
     def _follow_learner(self) -> bool:
         """Apply the newest Welcome and weights the link holds; False while the network has no weights.
@@ -198,7 +209,10 @@ class Actor:
         elif settings.algorithm_config != previous.settings.algorithm_config:
             self.policy.retune(session.policy.config)
         if previous is None or _reshapes_batches(previous, session):
-            assembler = self.policy.spec.make_assembler(self.config.num_envs, self.policy)
+            self.frame_layout, assembling = self._assembly(self.policy.spec)
+            if self.frame_layout is not None:  # everything pending went out above
+                self.pending = FramePending(self.frame_ids, self.frame_layout)
+            assembler = assembling.make_assembler(self.config.num_envs, self.policy)
             if previous is not None:
                 assembler.inherit(self.assembler)
             self.assembler = assembler
@@ -231,6 +245,7 @@ class Actor:
                 continue
             if obs is None:
                 obs, _ = self.envs.reset(seed=self.config.seed)
+                ids = self._frame_ids(obs, np.ones(num_envs, bool))
             actions = self.policy.act(obs, self.exploration)
             next_obs, rewards, terminated, truncated, _ = self.envs.step(actions)
             real = ~was_done  # with next-step autoreset, a step after an episode end is a reset
@@ -246,10 +261,11 @@ class Actor:
                 self.last_return = done_returns[-1]
             returns[done], lengths[done] = 0.0, 0
             was_done = done
-            self._collect(self.assembler.push(obs, actions, rewards, terminated, truncated, next_obs))
+            next_ids = self._frame_ids(next_obs, ~real)
+            self._collect(self.assembler.push(ids, actions, rewards, terminated, truncated, next_ids))
             if not real.all():
                 self.policy.reset_memory(~real)  # autoreset envs begin episodes: a recurrent policy forgets
-            obs = next_obs
+            obs, ids = next_obs, next_ids
             self._send_batches(self.session.settings)
             if time.monotonic() - last_stats >= self.config.stats_every:
                 self.link.send_stats(pb.EpisodeStats(returns=done_returns, lengths=done_lengths,
@@ -264,22 +280,21 @@ class Actor:
         """Seqs must rise across restarts of this actor id: start from the wall clock in microseconds."""
         return time.time_ns() // 1000
 
+    def _frame_ids(self, obs, resets: np.ndarray):
+        """What the assembler takes for observations ``obs``: themselves, or with frames stacked their frames' ids
+        (``resets``: the envs whose observation begins an episode)."""
+        return obs if self.frame_ids is None else self.frame_ids.observe(obs, resets)
+
     def _collect(self, transitions: dict[str, np.ndarray] | None) -> None:
         """Add transitions to those waiting for a batch."""
-        if transitions is None or not _rows(transitions):
-            return
-        self._blocks.append(transitions)
-        self._block_versions.append(self.policy_version)
-        self._block_count += _rows(transitions)
+        self.pending.add(transitions, self.policy_version)
 
     def _send_batches(self, settings: pb.Settings, everything: bool = False) -> None:
         """Send every full batch of ``settings`` (with ``everything``, a last smaller one too), each with
         the next seq."""
         codec = wire.Codec.parse(settings.codec)
-        while self._block_count >= settings.batch_size or (everything and self._block_count):
-            version = self._block_versions[0]  # the oldest that produced any of the batch (learner.proto)
-            batch, self._blocks, self._block_versions = _cut(self._blocks, self._block_versions, settings.batch_size)
-            self._block_count -= _rows(batch)
+        while self.pending.ready(settings.batch_size, everything):
+            batch, version = self.pending.take(settings.batch_size)  # version: the oldest that made any of it
             self._send(batch, self._seq, version, codec, settings.actor_priorities)
             self._seq += 1
 
@@ -287,7 +302,10 @@ class Actor:
               with_priorities: bool) -> None:
         priorities = []
         if with_priorities:
-            tensors = {k: torch.from_numpy(v) for k, v in batch.items()}
+            tensors = {k: torch.from_numpy(v) for k, v in batch.items() if k != wire.FRAMES}
+            if self.frame_layout is not None:  # the algorithm computes on the stacks
+                tensors.update(self.frame_layout.stacked({k: tensors[k] for k in self.frame_layout.refs},
+                                                         torch.from_numpy(batch[wire.FRAMES])))
             computed = self.policy.initial_priorities(tensors)
             priorities = [] if computed is None else computed.tolist()
         games = [pb.GameResult(opponent=g.opponent, outcome=OUTCOME_CODES[g.outcome], seat=g.seat, length=g.length)
@@ -296,7 +314,7 @@ class Actor:
         self._games.clear()
         self._opponents = {env.opponent.id for env in self.envs.envs if env.opponent is not None} \
             if self.pool is not None else set()
-        message = wire.encode_batch_message(seq, version, _rows(batch), wire.encode_batch(batch, codec),
+        message = wire.encode_batch_message(seq, version, rows(batch), wire.encode_batch(batch, codec),
                                             codec, priorities, games, opponents)
         while not self.link.send_batch(seq, message, timeout=0.5, policy_version=version):
             if self.stop_event.is_set():
@@ -310,20 +328,3 @@ def _reshapes_batches(previous: AppliedWelcome, session: AppliedWelcome) -> bool
     shaping = ("batch_size", "codec", "actor_priorities")
     return (session.learner_id != previous.learner_id or policy_key(session.settings) != policy_key(previous.settings)
             or any(getattr(session.settings, name) != getattr(previous.settings, name) for name in shaping))
-
-
-def _cut(pending: list[dict[str, np.ndarray]], versions: list[int], size: int):
-    """Split the first ``size`` transitions off a list of transition blocks made by ``versions``;
-    returns (head, the rest as at most one block, its version)."""
-    merged = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
-    head = {k: v[:size] for k, v in merged.items()}
-    rest = {k: v[size:] for k, v in merged.items()}
-    if not _rows(rest):
-        return head, [], []
-    ends = np.cumsum([_rows(p) for p in pending])
-    return head, [rest], [versions[int(np.searchsorted(ends, size, side="right"))]]
-
-
-def _rows(block: dict[str, np.ndarray]) -> int:
-    """Transitions in a block of fields (every field has them as its leading dimension)."""
-    return len(next(iter(block.values())))

@@ -30,6 +30,8 @@ class LearnerConfig:
     """Torch device for the replay buffer and training; "auto" is cuda when available."""
     replay_capacity: int = 100_000
     """Transitions the prioritized replay buffer holds."""
+    replay_frames: int = 0
+    """With frame_stack: frames the replay keeps, each once; 0 keeps 1.25 per step its items hold. Too few drops the oldest items early."""
     batch_size: int = 128
     """Transitions per training update."""
     alpha: float = field(default=0.6, metadata=RUNTIME)

@@ -51,8 +51,9 @@ class Ingest:
         self.recent_return = math.nan
         self._stats_lock = threading.Lock()  # env_steps and recent_return, reported by every stream
 
-    def ingest(self, session: ActorSession, batch: pb.TrajectoryBatch) -> bool:
+    def ingest(self, session: ActorSession, batch: pb.TrajectoryBatch, payload: memoryview | None = None) -> bool:
         """Validate and insert a batch unless its seq was stored; True if inserted, False if a duplicate.
+        ``payload``, when given, stands for ``batch.payload`` (a view of the received bytes, uncopied).
 
         Raises WireError for bad input, before anything is inserted. Waits on the rate
         limiter (backpressure that reaches the actor through gRPC flow control) until the
@@ -69,7 +70,8 @@ class Ingest:
                                  f"the actor's Hello knows), got {batch.policy_version}")
         n = batch.num_transitions
         self.roles.check_batch(batch)
-        arrays = wire.decode_batch(batch.payload, batch.codec, self.fields, n, self.max_message_bytes)
+        arrays = wire.decode_batch(batch.payload if payload is None else payload, batch.codec, self.fields, n,
+                                   self.max_message_bytes)
         priorities = wire.decode_priorities(batch.priorities, n)
         self._acquire_insert(session, n)
         reservation, inserted = None, False

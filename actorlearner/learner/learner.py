@@ -23,6 +23,7 @@ from actorlearner.config import LearnerConfig
 from actorlearner.envs import make_env
 from actorlearner.envs.multiagent import is_multi_agent, seat_spaces
 from actorlearner.evaluation import EvalResult
+from actorlearner.frames import algorithm_frames, batch_fields, default_frame_capacity
 from actorlearner.learner import state, status
 from actorlearner.learner.distributed import join_world, local_device, resolve_world
 from actorlearner.learner.evaluating import Evaluation
@@ -89,7 +90,14 @@ class Learner:
         self.algorithm_config = make_config(algorithm_class, config.algorithm_config)
         algorithm_spec = algorithm_class(self.observation_space, self.action_space, self.algorithm_config)
         algorithm = algorithm_spec.make_trainer(device=self.device, seed=config.seed)
-        self.fields = algorithm_spec.transition_fields()
+        self.fields = stored = algorithm_spec.transition_fields()  # what batches hold, and the replay
+        self.frame_layout, frame_capacity = None, 0
+        if config.frame_stack:  # batches hold frame indices and the frames, the replay frame keys
+            self.frame_layout, by_ids = algorithm_frames(algorithm_spec)
+            stored = by_ids.transition_fields()
+            self.fields = batch_fields(self.frame_layout, stored)
+            frame_capacity = config.replay_frames or default_frame_capacity(self.frame_layout, stored,
+                                                                            config.replay_capacity)
         self.batch_fields = field_specs(self.fields)
         eval_policy = algorithm_spec.make_policy(device="cpu", seed=config.seed)
         eval_opponent = algorithm_spec.make_policy(device="cpu", seed=config.seed + 1) if self.agents else None
@@ -101,8 +109,9 @@ class Learner:
         self.changed_parameters: dict[str, str] = {}  # set while running (or restored): name -> value
         self._tune_lock = threading.Lock()  # one set_parameters at a time
 
-        self.replay = PrioritizedReplay(config.replay_capacity, self.fields, alpha=config.alpha, beta=config.beta,
-                                        beta_steps=config.beta_steps, device=self.device)
+        self.replay = PrioritizedReplay(config.replay_capacity, stored, alpha=config.alpha, beta=config.beta,
+                                        beta_steps=config.beta_steps, device=self.device,
+                                        frames=self.frame_layout, frame_capacity=frame_capacity)
         self.limiter = RateLimiter(config.min_replay_size, config.samples_per_insert, config.rate_error_buffer)
         self.replay_lock = threading.Lock()
         self.telemetry = telemetry.Telemetry(config.logdir or None)

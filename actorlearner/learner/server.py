@@ -17,7 +17,7 @@ from actorlearner.learner.registry import ActorSession
 from actorlearner.learner.spec import Refusal
 from actorlearner.streaming.broadcast import ONNX_FORMAT, PolicyBroadcast
 from actorlearner.streaming.served import ServedStream
-from actorlearner.streaming.service import StreamCap, learner_server, parsed, read_hello
+from actorlearner.streaming.service import StreamCap, learner_server, parse_keeping_payload, parsed, read_hello
 from actorlearner.transport import add_port
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
@@ -137,14 +137,14 @@ class LearnerService(pb_grpc.LearnerServicer):
         """
         actor_id = stream.actor_id
         try:
-            for message in request_iterator:
+            for message, payload in request_iterator:
                 kind = message.WhichOneof("kind")
                 if stream.relay:
-                    self._relayed(stream, message)
+                    self._relayed(stream, message, payload)
                 elif message.actor_id:
                     raise wire.WireError("ActorMessage.actor_id is only for a relay's stream")
                 elif kind in ("batch", "episode_stats"):
-                    self._handle(stream, stream.session, message)
+                    self._handle(stream, stream.session, message, payload)
                 elif kind == "hello":
                     raise wire.WireError("Hello may only be the first message of a stream", "FAILED_PRECONDITION")
                 elif kind == "leave":
@@ -166,17 +166,18 @@ class LearnerService(pb_grpc.LearnerServicer):
             stream.fail(grpc.StatusCode.INTERNAL, f"the learner failed on this stream's message: "
                                                    f"{type(exc).__name__}: {exc}")
 
-    def _handle(self, stream: LearnerServedStream, session: ActorSession, message: pb.ActorMessage) -> None:
-        """Store a batch and ack it, or account episode stats, for ``session`` (a relay's actor's: acked
-        by actor_id)."""
+    def _handle(self, stream: LearnerServedStream, session: ActorSession, message: pb.ActorMessage,
+                payload: memoryview | None) -> None:
+        """Store a batch (its payload kept out of ``message`` when given) and ack it, or account episode
+        stats, for ``session`` (a relay's actor's: acked by actor_id)."""
         if message.WhichOneof("kind") == "batch":
-            inserted = self.learner.ingest(session, message.batch)
+            inserted = self.learner.ingestion.ingest(session, message.batch, payload)
             stream.push(pb.LearnerMessage(actor_id=message.actor_id, ack=pb.Ack(
                 seq=message.batch.seq, accepted=True, reason="" if inserted else "duplicate")))
         else:
             self.learner.record_episodes(session, message.episode_stats)
 
-    def _relayed(self, stream: LearnerServedStream, message: pb.ActorMessage) -> None:
+    def _relayed(self, stream: LearnerServedStream, message: pb.ActorMessage, payload: memoryview | None) -> None:
         """A message on a relay's stream. One actor's bad input (or a failure on it) refuses that
         actor alone, as its own stream would end; a message for an actor that never joined, the relay's fault,
         ends the relay's stream."""
@@ -195,7 +196,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         try:
             if kind not in ("batch", "episode_stats"):
                 raise wire.WireError("empty ActorMessage")
-            self._handle(stream, session, message)
+            self._handle(stream, session, message, payload)
         except (wire.WireError, ValueError) as exc:
             logger.warning("actor %s (through relay %s) sent bad input: %s", actor_id, stream.actor_id, exc)
             code = exc.status_code.name if isinstance(exc, wire.WireError) else "INVALID_ARGUMENT"
@@ -295,7 +296,7 @@ def serve(learner: Learner, host: str, port: int, max_streams: int | None = None
     if max_streams < 1:
         raise ValueError(f"max_streams must be >= 1, got {max_streams}")
     server = learner_server(LearnerService(learner, max_streams), max_streams, learner.config.max_message_bytes,
-                            learner.config.security, health)
+                            learner.config.security, health, parse_keeping_payload)
     bound = add_port(server, f"{host}:{port}", learner.config.security)
     server.start()
     try:

@@ -16,10 +16,13 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from actorlearner.frames import FrameLayout
 from actorlearner.replay.checkpoint import Checkpointing
+from actorlearner.replay.frame_ring import FRAME, FrameRing
 from actorlearner.replay.layout import KEY, VERSION, FieldSpec, gather_rows, numpy_dtype, row_layout, typed_columns
 from actorlearner.replay.snapshot import ReplaySnapshot
 from actorlearner.replay.sumtree import CpuSumTree, SumTree
+from actorlearner.wire import FRAMES
 
 
 class NothingRecentEnough(ValueError):
@@ -36,6 +39,8 @@ class Reservation:
     first_key: int
     priorities: torch.Tensor | np.ndarray | None
     versions: torch.Tensor | np.ndarray
+    frames: Reservation | None = None
+    """A frame-stacked replay's: the reservation of the batch's frames in its frame ring."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,10 @@ class PrioritizedReplay(Checkpointing, ABC):
     kernels (one call each, GIL released; :mod:`actorlearner.replay.kernels`). ``"torch"``, and
     any other device, give a :class:`~actorlearner.replay.device.DeviceReplay`: batched torch
     operations, what CUDA runs.
+
+    With ``frames`` (a :class:`~actorlearner.frames.FrameLayout`), the fields it names hold frame
+    indices into each batch's ``frames`` field, and the frames are kept once, in a ring of
+    ``frame_capacity`` frames (:mod:`~actorlearner.replay.frame_ring`); a sample holds the stacks.
     """
 
     compiled: ClassVar[bool]
@@ -103,6 +112,8 @@ class PrioritizedReplay(Checkpointing, ABC):
         device: str | torch.device = "cpu",
         branching: int = 16,
         kernels: str = "auto",  # read by __new__, which picked this class
+        frames: FrameLayout | None = None,
+        frame_capacity: int = 0,
     ):
         if not fields:
             raise ValueError("fields must name at least one field")
@@ -119,6 +130,13 @@ class PrioritizedReplay(Checkpointing, ABC):
         self._columns = typed_columns(self._rows, self._layout)
         self._keys, self._versions = self._columns[KEY], self._columns[VERSION]
         self._keys.fill_(-1)
+        self._frame_ring = None
+        if frames is not None:
+            if frame_capacity < 1:
+                raise ValueError(f"a frame-stacked replay needs frame_capacity >= 1, got {frame_capacity}")
+            store = PrioritizedReplay(frame_capacity, {FRAME: (frames.frame_shape, frames.frame_dtype)},
+                                      device=device, kernels=kernels, branching=branching)
+            self._frame_ring = FrameRing(frames, store)
         self._max_priority = 1.0
         self._inserted = 0
         self._sample_calls = 0
@@ -127,7 +145,8 @@ class PrioritizedReplay(Checkpointing, ABC):
         self.pending = 0
         """Reservations not yet committed or aborted."""
         self.abandoned = 0
-        """Items of aborted reservations: :attr:`inserted` counts them, nothing stored them."""
+        """Keys of aborted reservations, and of items a frame-stacked replay dropped early for their frames:
+        :attr:`inserted` counts them, nothing stored them."""
 
     def __len__(self) -> int:
         return min(self._inserted, self.capacity)
@@ -181,15 +200,29 @@ class PrioritizedReplay(Checkpointing, ABC):
         gone (never sampled, updates to them ignored) and the new ones not yet there. While
         any claim is open, no snapshot may be taken (see :attr:`pending`).
         """
+        frames = None
+        if self._frame_ring is not None and isinstance(batch, Mapping):
+            batch = dict(batch)
+            frames = batch.pop(FRAMES, None)
         columns, n = self._check_batch(batch)
+        if self._frame_ring is not None:
+            frames = self._frame_ring.check(frames, columns, n)
         versions = self._as_versions(policy_version)
         if versions.ndim > 1 or math.prod(versions.shape) not in (1, n):
             raise ValueError(f"policy_version must be one int or one per item ({n}), got shape {tuple(versions.shape)}")
         versions = versions.reshape(-1)
         if priorities is not None:
             priorities = self._check_priorities(priorities, n)
+        dropped = 0
+        if frames is not None:  # first the oldest items whose frames this batch's will overwrite
+            keep_from = self._frame_ring.items_to_drop(frames.shape[0], self._inserted)
+            dropped = 0 if keep_from is None else max(0, keep_from + self.capacity - self._inserted)
         for snapshot in self._snapshots:
-            snapshot._save_rows_before_insert(n)
+            snapshot._save_rows_before_insert(dropped + n)
+        if dropped:
+            self._hide(self._inserted % self.capacity, min(dropped, self.capacity))
+            self._inserted += dropped
+            self.abandoned += dropped
         if n > self.capacity:
             skip = n - self.capacity
             columns = {name: col[skip:] for name, col in columns.items()}
@@ -197,20 +230,29 @@ class PrioritizedReplay(Checkpointing, ABC):
             priorities = None if priorities is None else priorities[skip:]
             self._inserted += skip
             n = self.capacity
-        reservation = Reservation(columns, n, self._inserted % self.capacity, self._inserted, priorities, versions)
+        frame_reservation = None
+        if frames is not None:
+            frame_reservation = self._frame_ring.reserve(frames, columns, self._inserted,
+                                                         self._inserted + n - self.capacity)
+        reservation = Reservation(columns, n, self._inserted % self.capacity, self._inserted, priorities, versions,
+                                  frame_reservation)
         if n:
             self._hide(reservation.start, n)
             self._inserted += n
             self.pending += 1
         return reservation
 
-    @abstractmethod
     def write(self, reservation: Reservation) -> None:
-        """Copy a reserved batch's fields into its slots; no lock needed (the GIL is released on the CPU)."""
+        """Copy a reserved batch's fields (and frames) into its slots; no lock needed (the GIL is released on the CPU)."""
+        if reservation.frames is not None:
+            self._frame_ring.store.write(reservation.frames)
+        self._copy_in(reservation)
 
     def commit(self, reservation: Reservation) -> torch.Tensor:
         """Make a written batch's items sampleable (under the lock, like :meth:`reserve`); return their keys."""
         keys = torch.arange(reservation.first_key, reservation.first_key + reservation.n, device=self.device)
+        if reservation.frames is not None:
+            self._frame_ring.store.commit(reservation.frames)
         if reservation.n == 0:
             return keys
         self._store(reservation, keys)
@@ -219,6 +261,8 @@ class PrioritizedReplay(Checkpointing, ABC):
 
     def abort(self, reservation: Reservation) -> None:
         """Give up a reservation (under the lock): its slots stay empty, its keys unused (counted in :attr:`abandoned`)."""
+        if reservation.frames is not None:
+            self._frame_ring.store.abort(reservation.frames)
         if reservation.n:
             self.pending -= 1
             self.abandoned += reservation.n
@@ -264,6 +308,10 @@ class PrioritizedReplay(Checkpointing, ABC):
         """
 
     # -- what each path does its own way ----------------------------------------------------
+
+    @abstractmethod
+    def _copy_in(self, reservation: Reservation) -> None:
+        """:meth:`write`'s copy of the items' fields into their rows."""
 
     @abstractmethod
     def _make_tree(self, branching: int) -> SumTree | CpuSumTree:
@@ -336,7 +384,14 @@ class PrioritizedReplay(Checkpointing, ABC):
     def _sample_of_rows(self, rows: torch.Tensor, weights: torch.Tensor) -> Sample:
         """A :class:`Sample` over gathered rows: typed views of their fields, keys and versions."""
         columns = typed_columns(rows, self._layout)
+        return self._sample(weights, columns)
+
+    def _sample(self, weights: torch.Tensor, columns: dict[str, torch.Tensor]) -> Sample:
+        """A :class:`Sample` of sampled rows' typed columns (keys and versions among them), frames stacked."""
         keys, versions = columns.pop(KEY), columns.pop(VERSION)
+        if self._frame_ring is not None:
+            for name in self._frame_ring.layout.refs:
+                columns[name] = self._frame_ring.stacks(columns[name])
         return Sample(keys, weights, columns, versions)
 
     def _evict_older_than(self, min_version: int) -> None:

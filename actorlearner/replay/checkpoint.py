@@ -45,6 +45,12 @@ class Checkpointing:
             raise RuntimeError("cannot load a state while a snapshot of this buffer or a reservation is open")
         if int(state["capacity"]) != self.capacity:
             raise ValueError(f"capacity mismatch: saved {state['capacity']}, buffer has {self.capacity}")
+        if ("frame_inserts" in state) != (self._frame_ring is not None):
+            have = "keeps frames once" if self._frame_ring is not None else "keeps whole observations"
+            raise ValueError(f"frame stacking mismatch: this buffer {have}, the saved one does not")
+        if self._frame_ring is not None and int(state["frames.capacity"]) != self._frame_ring.capacity:
+            raise ValueError(f"frame capacity mismatch: saved {state['frames.capacity']}, "
+                             f"buffer has {self._frame_ring.capacity}")
         saved = {k[len("field."):] for k in state if k.startswith("field.")}
         if saved != set(self.fields):
             raise ValueError(f"field mismatch: saved {sorted(saved)}, buffer has {sorted(self.fields)}")
@@ -66,6 +72,10 @@ class Checkpointing:
         self._sample_calls = int(state["sample_calls"])
         self._min_version = None if int(state["min_version"]) < 0 else int(state["min_version"])
         self._max_priority = float(state["max_priority"])
+        if self._frame_ring is not None:
+            self._frame_ring.store.load_state_dict({k.removeprefix("frames."): v for k, v in state.items()
+                                                    if k.startswith("frames.")})
+            self._frame_ring.load(state["frame_inserts"])
         self._loaded()
 
     def _loaded(self) -> None:

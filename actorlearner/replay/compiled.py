@@ -7,7 +7,7 @@ import torch
 
 from actorlearner.replay import kernels
 from actorlearner.replay.buffer import PrioritizedReplay, Reservation, Sample
-from actorlearner.replay.layout import KEY, VERSION, numpy_dtype
+from actorlearner.replay.layout import numpy_dtype
 from actorlearner.replay.sumtree import CpuSumTree
 
 _LOWEST_VERSION = int(np.iinfo(np.int64).min)  # "no version evicted" for the kernels
@@ -38,13 +38,13 @@ class CompiledReplay(PrioritizedReplay, compiled=True):
                               for name, (offset, nbytes, shape, _) in self._layout.items()]
         _compile_kernels(self.fields)
 
-    def write(self, reservation: Reservation) -> None:
+    def _copy_in(self, reservation: Reservation) -> None:
         n = reservation.n
         if n == 0:
             return
         self._write_rows(self._row_words, self._word_offsets, tuple(
-            np.ascontiguousarray(reservation.columns[name]).reshape(n, -1).view(self._word) for name in self.fields),
-            reservation.start)
+            _read_only(np.ascontiguousarray(reservation.columns[name]).reshape(n, -1).view(self._word))
+            for name in self.fields), reservation.start)
 
     def update_priorities(self, indices, priorities) -> None:
         keys = self._as_input(indices, torch.long).reshape(-1)
@@ -96,9 +96,7 @@ class CompiledReplay(PrioritizedReplay, compiled=True):
         tree = self._tree
         kernels.sample_rows(tree.tree, tree.mins, tree.offsets, tree.branching, uniforms, beta,
                             self._words_np, slots, weights, rows)
-        columns = self._numpy_columns(rows)
-        keys, versions = columns.pop(KEY), columns.pop(VERSION)
-        return Sample(keys, torch.from_numpy(weights), columns, versions)
+        return self._sample(torch.from_numpy(weights), self._numpy_columns(rows))
 
     def _numpy_columns(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
         """Tensors over typed views ``(len(rows), *shape)`` of each field in gathered rows (numpy
@@ -141,3 +139,10 @@ def _raise_for_priorities(code: int) -> None:
     """The ValueError for a kernel's priority check ``code`` (nothing for 0)."""
     if code:
         raise ValueError(f"priorities must be finite and >= 0; got {_PRIORITY_ERRORS[code]} values")
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    """A read-only view: the kernel's columns must all be typed alike (a decoded batch's are read-only)."""
+    view = array.view()
+    view.flags.writeable = False
+    return view

@@ -204,7 +204,7 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
 
     # -- inserts --------------------------------------------------------------------------------
 
-    def write(self, reservation: Reservation) -> None:
+    def _copy_in(self, reservation: Reservation) -> None:
         if reservation.n == 0:
             return
         with torch.inference_mode():

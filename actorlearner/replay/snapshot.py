@@ -47,12 +47,17 @@ class ReplaySnapshot:
         self._aside: list[torch.Tensor] = []
         self._closed = False
         buffer._snapshots.append(self)
+        ring = buffer._frame_ring  # a frame-stacked buffer's frames: a snapshot of their ring, taken at once
+        self._frames = None if ring is None else ReplaySnapshot(ring.store, lock, chunk_bytes)
+        self._frame_inserts = None if ring is None else ring.state()
 
     def state(self) -> dict[str, SnapshotColumn | torch.Tensor | int | float]:
         """The keys and values of :meth:`PrioritizedReplay.state_dict`, columns left unread."""
+        frames = {} if self._frames is None else {
+            "frame_inserts": self._frame_inserts, **{f"frames.{k}": v for k, v in self._frames.state().items()}}
         return {**self._scalars, "keys": SnapshotColumn(self, KEY), "versions": SnapshotColumn(self, VERSION),
                 "priorities": self._priorities,
-                **{f"field.{name}": SnapshotColumn(self, name) for name in self._buffer.fields}}
+                **{f"field.{name}": SnapshotColumn(self, name) for name in self._buffer.fields}, **frames}
 
     def close(self) -> None:
         """Stop copying rows aside and free the copies (outside the lock); reading is no longer possible."""
@@ -62,6 +67,8 @@ class ReplaySnapshot:
                 self._closed = True
             aside, self._aside = self._aside, []
         del aside
+        if self._frames is not None:
+            self._frames.close()
 
     def __enter__(self) -> Self:
         return self

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from concurrent import futures
+from typing import NamedTuple
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -15,6 +16,7 @@ from actorlearner.health import Health
 from actorlearner.transport import SecurityConfig, auth_interceptors, grpc_options
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
+from actorlearner.wire.batches import split_batch_payload
 
 LEARNER_SERVICE = pb.DESCRIPTOR.services_by_name["Learner"].full_name
 CONNECT_METHOD = f"/{LEARNER_SERVICE}/Connect"
@@ -29,6 +31,22 @@ def parse_actor_message(data: bytes) -> pb.ActorMessage | wire.WireError:
         return wire.WireError(f"message does not parse as an ActorMessage: {exc}")
 
 
+class Received(NamedTuple):
+    """An ActorMessage whose batch payload, when large, was kept out of the parse: ``payload`` is a
+    view of the received bytes and ``message.batch.payload`` is empty; else ``payload`` is None."""
+
+    message: pb.ActorMessage
+    payload: memoryview | None
+
+
+def parse_keeping_payload(data: bytes) -> Received | wire.WireError:
+    """The learner's Connect deserializer: :func:`parse_actor_message` without copying a batch's
+    payload (:func:`~actorlearner.wire.batches.split_batch_payload`)."""
+    head, payload = split_batch_payload(data)
+    message = parse_actor_message(head)
+    return message if isinstance(message, wire.WireError) else Received(message, payload)
+
+
 def parsed(requests):
     """A stream's messages; raises the WireError standing for one that did not parse."""
     for message in requests:
@@ -37,11 +55,11 @@ def parsed(requests):
         yield message
 
 
-def _add_learner_service(service: pb_grpc.LearnerServicer, server: grpc.Server) -> None:
-    """``add_LearnerServicer_to_server`` with Connect's deserializer swapped for :func:`parse_actor_message`."""
+def _add_learner_service(service: pb_grpc.LearnerServicer, server: grpc.Server, deserializer) -> None:
+    """``add_LearnerServicer_to_server`` with Connect's deserializer swapped for ``deserializer``."""
     handlers = {
         "Connect": grpc.stream_stream_rpc_method_handler(
-            service.Connect, request_deserializer=parse_actor_message,
+            service.Connect, request_deserializer=deserializer,
             response_serializer=pb.LearnerMessage.SerializeToString),
         "GetStatus": grpc.unary_unary_rpc_method_handler(
             service.GetStatus, request_deserializer=pb.StatusRequest.FromString,
@@ -58,13 +76,15 @@ def _add_learner_service(service: pb_grpc.LearnerServicer, server: grpc.Server) 
 
 
 def learner_server(service: pb_grpc.LearnerServicer, max_streams: int, max_message_bytes: int,
-                   security: SecurityConfig | None, health: Health | None) -> grpc.Server:
-    """A gRPC server answering ``service`` (and health checks, given ``health``), not bound or started yet."""
+                   security: SecurityConfig | None, health: Health | None,
+                   deserializer=parse_actor_message) -> grpc.Server:
+    """A gRPC server answering ``service`` (and health checks, given ``health``), not bound or started yet;
+    Connect's messages come through ``deserializer`` (:func:`parse_actor_message` or :func:`parse_keeping_payload`)."""
     workers = max_streams + 8  # each stream holds a worker; the rest answer GetStatus and refusals
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
                          options=grpc_options(max_message_bytes), maximum_concurrent_rpcs=workers,
                          interceptors=auth_interceptors(security))
-    _add_learner_service(service, server)
+    _add_learner_service(service, server, deserializer)
     if health is not None:
         health.add_to(server)
     return server
@@ -108,6 +128,8 @@ def read_hello(requests, context: grpc.ServicerContext, timeout: float) -> pb.He
         timer.cancel()
     if first is None:
         return None
+    if isinstance(first, Received):
+        first = first.message
     if first.WhichOneof("kind") != "hello":
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the first message of a stream must be Hello")
     return first.hello

@@ -10,8 +10,8 @@ import msgpack
 import numpy as np
 
 from actorlearner.v1 import learner_pb2 as pb
-from actorlearner.wire.arrays import (DEFAULT_MAX_BYTES, Buffer, Spec, WireError, check_keys, decode_array,
-                                      encode_array, np_dtype, unpack)
+from actorlearner.wire.arrays import (DEFAULT_MAX_BYTES, ZERO_COPY_MIN_BYTES, Buffer, Spec, WireError, check_keys,
+                                      decode_array, encode_array, np_dtype, unpack, unpack_array_maps)
 
 FRAMES = "frames"
 """The field of a frame-stacked batch that holds its frames, each once (``actorlearner.frames``)."""
@@ -98,8 +98,11 @@ def decode_batch(
     codec = Codec.parse(codec)
     if type(num_transitions) is not int or num_transitions < 1:
         raise WireError(f"num_transitions must be a positive int, got {num_transitions!r}")
+    raw = _decompress(payload, codec, max_bytes)
     # A few entries of slack so that extra fields are still named as such by _check_keys.
-    obj = unpack(_decompress(payload, codec, max_bytes), max_bytes, "batch payload", len(spec) + 8)
+    obj = unpack_array_maps(raw, len(spec) + 8) if ZERO_COPY_MIN_BYTES <= len(raw) <= max_bytes else None
+    if obj is None:
+        obj = unpack(raw, max_bytes, "batch payload", len(spec) + 8)
     if not isinstance(obj, dict):
         raise WireError(f"batch payload must be a map of fields, got {type(obj).__name__}")
     check_keys(obj, spec, "field", "INVALID_ARGUMENT")
@@ -163,3 +166,62 @@ def _varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+def split_batch_payload(data: Buffer) -> tuple[Buffer, memoryview | None]:
+    """A serialized ``ActorMessage``'s bytes with its batch's payload cut out, and that payload as a
+    view of ``data``: a protobuf parse would copy it, twice with the read. The mirror of
+    :func:`encode_batch_message`. Bytes it cannot frame plainly, a payload under
+    ``ZERO_COPY_MIN_BYTES`` and a message without one come back whole, with None, for protobuf to parse or refuse."""
+    view = memoryview(data).cast("B")
+    try:
+        batch = _only_field(view, 0, len(view), pb.ActorMessage, "batch")
+        if batch is None:
+            return data, None
+        payload = _only_field(view, batch[1], batch[2], pb.TrajectoryBatch, "payload")
+    except IndexError:
+        return data, None
+    if payload is None or payload[2] - payload[1] < ZERO_COPY_MIN_BYTES:
+        return data, None
+    (batch_key, start, end), (payload_key, payload_start, payload_end) = batch, payload
+    inner = end - start - (payload_end - payload_key)
+    head = b"".join((view[:batch_key], _field_key(pb.ActorMessage, "batch"), _varint(inner), view[start:payload_key],
+                     view[payload_end:]))
+    return head, view[payload_start:payload_end]
+
+
+def _only_field(view: memoryview, start: int, end: int, message_class, field: str) -> tuple[int, int, int] | None:
+    """Where the one length-delimited ``field`` of the message in ``view[start:end]`` lies (its key's
+    offset, its body's start and end), or None if it is absent, repeated or the bytes do not frame."""
+    number, found, at = message_class.DESCRIPTOR.fields_by_name[field].number, None, start
+    while at < end:
+        key_at = at
+        key, at = _read_varint(view, at)
+        wire_type = key & 7
+        if wire_type == 0:
+            _, at = _read_varint(view, at)
+        elif wire_type in (1, 5):
+            at += 8 if wire_type == 1 else 4
+        elif wire_type == 2:
+            size, at = _read_varint(view, at)
+            if key >> 3 == number:
+                if found is not None:
+                    return None
+                found = (key_at, at, at + size)
+            at += size
+        else:  # groups: protobuf's to judge
+            return None
+    return found if at == end else None
+
+
+def _read_varint(view: memoryview, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = view[at]
+        value |= (byte & 0x7F) << shift
+        at += 1
+        if byte < 0x80:
+            return value, at
+        shift += 7
+        if shift > 63:
+            raise IndexError("varint too long")
