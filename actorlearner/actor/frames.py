@@ -1,8 +1,9 @@
 """A frame-stacked actor's side of :mod:`actorlearner.frames`: each frame gets an id once, the
 algorithm assembles items of ids, and each batch (one env's items) carries the frames they refer to.
 
-Ids are actor-local: env ``e``'s ``f``-th frame is ``f * num_envs + e``, so an id names its env and
-an env's ids rise. A batch holds the items of one env only, so that its frames overlap: a batch of
+Ids are actor-local: env ``e``'s ``f``-th frame (from 1) is ``f * num_envs + e``, so an id names its
+env and an env's ids rise. Ids below ``num_envs`` are padding (an assembler fills the steps after an
+episode's end in a sequence with zeros): they stand for a frame of zeros, as padded stacks hold. A batch holds the items of one env only, so that its frames overlap: a batch of
 ``b`` n-step transitions carries ``b + n + K - 1`` frames, not ``2 K b``.
 """
 
@@ -46,17 +47,19 @@ class FrameIds:
         return self._stacks.copy()
 
     def frames(self, env: int, ids: np.ndarray) -> np.ndarray:
-        """The frames of ``ids`` (all env ``env``'s), stacked; RuntimeError for one already dropped."""
-        kept = self._frames[env]
+        """The frames of ``ids`` (env ``env``'s, or padding), stacked; RuntimeError for one already dropped."""
+        kept, zeros = self._frames[env], None
+        if len(ids) and ids[0] < self.num_envs:
+            zeros = np.zeros_like(kept[next(iter(kept))])
         try:
-            return np.stack([kept[i] for i in ids.tolist()])
+            return np.stack([zeros if i < self.num_envs else kept[i] for i in ids.tolist()])
         except KeyError as exc:
             raise RuntimeError(f"frame {exc.args[0]} of env {env} was dropped: an item refers to a frame more than "
                                f"{self.horizon} frames older than its env's newest") from None
 
     def _add(self, env: int, frame: np.ndarray) -> int:
-        frame_id = int(self._count[env]) * self.num_envs + env
         self._count[env] += 1
+        frame_id = int(self._count[env]) * self.num_envs + env
         kept = self._frames[env]
         kept[frame_id] = np.array(frame)
         oldest = min(self.floor[env], frame_id - self.horizon * self.num_envs)
@@ -80,7 +83,7 @@ class FramePending:
         """Queue a block of items (of any envs) under each item's env."""
         if block is None or not rows(block):
             return
-        envs = block[self.layout.refs[0]].reshape(rows(block), -1)[:, -1] % self.ids.num_envs
+        envs = block[self.layout.refs[0]].reshape(rows(block), -1).max(axis=1) % self.ids.num_envs
         for env in np.unique(envs).tolist():
             mine = envs == env
             self._queues[env].add({name: column[mine] for name, column in block.items()}, version)
@@ -106,4 +109,8 @@ class FramePending:
 
     def _update_floor(self, env: int) -> None:
         oldest = self._queues[env].first
-        self.ids.floor[env] = math.inf if oldest is None else min(int(oldest[name].min()) for name in self.layout.refs)
+        floor = math.inf
+        for name in self.layout.refs if oldest is not None else ():
+            ids = oldest[name][oldest[name] >= self.ids.num_envs]  # padding refers to no kept frame
+            floor = min(floor, int(ids.min())) if ids.size else floor
+        self.ids.floor[env] = floor
