@@ -56,14 +56,19 @@ def counting_frames() -> gym.Env:
     return CountingFrames(next(_made) % ENVS)
 
 
-def play(steps: int, batch_size: int = 8) -> tuple[list[dict], list[dict], object]:
-    """The same vector-env steps assembled twice into n-step transitions: over the stacked observations
-    (the reference) and over frame ids; returns (reference transitions, wire-decoded batches, layout)."""
+CONFIGS = {"dqn": {"n_step": N_STEP, "gamma": 0.5}, "r2d2": {"sequence_length": 6, "overlap": 2, "burn_in": 1}}
+
+
+def play(algorithm: str, steps: int, batch_size: int = 8) -> tuple[list[dict], list[dict], object]:
+    """The same vector-env steps assembled twice into the algorithm's items (DQN's n-step transitions,
+    R2D2's overlapping sequences): over the stacked observations (the reference) and over frame ids;
+    returns (reference items, wire-decoded batches, layout)."""
     envs = make_vector_env("test_frame_stack:counting_frames", ENVS, frame_stack=K)
-    spec = make_spec("dqn", envs.single_observation_space, envs.single_action_space, {"n_step": N_STEP, "gamma": 0.5})
+    spec = make_spec(algorithm, envs.single_observation_space, envs.single_action_space, CONFIGS[algorithm])
     layout, by_ids = algorithm_frames(spec)
     fields = batch_fields(layout, by_ids.transition_fields())
-    reference_asm, id_asm = spec.make_assembler(ENVS, None), by_ids.make_assembler(ENVS, None)
+    policy = spec.make_policy()  # R2D2's sequences carry its recurrent state: both assemblers read the same
+    reference_asm, id_asm = spec.make_assembler(ENVS, policy), by_ids.make_assembler(ENVS, policy)
     frame_ids = FrameIds(ENVS, K)
     pending = FramePending(frame_ids, layout)
     obs, _ = envs.reset(seed=3)
@@ -71,6 +76,7 @@ def play(steps: int, batch_size: int = 8) -> tuple[list[dict], list[dict], objec
     was_done = np.zeros(ENVS, bool)
     reference, batches, rng = [], [], np.random.default_rng(0)
     for _ in range(steps):
+        policy.act(obs, 1.0)  # advances R2D2's memory; the actions are random either way
         actions = rng.integers(2, size=ENVS)
         next_obs, rewards, terminated, truncated, _ = envs.step(actions)
         next_ids = frame_ids.observe(next_obs, was_done)
@@ -79,6 +85,8 @@ def play(steps: int, batch_size: int = 8) -> tuple[list[dict], list[dict], objec
         if out is not None:
             reference.extend({k: v[i] for k, v in out.items()} for i in range(len(out["action"])))
         pending.add(id_asm.push(ids, actions, rewards, terminated, truncated, next_ids), version=0)
+        if was_done.any():
+            policy.reset_memory(was_done)
         while pending.ready(batch_size):
             batch, _ = pending.take(batch_size)
             payload = wire.encode_batch(batch)  # through the wire, as a learner receives it
@@ -96,42 +104,45 @@ def stored_items(replay: PrioritizedReplay) -> list[dict]:
     return [{k: v[i] for k, v in data.items()} for i in range(len(slots))]
 
 
-def by_first_frame(items: list[dict]) -> dict[bytes, dict]:
-    """Items keyed by their observation's newest frame (unique per env, episode and step)."""
-    return {item["obs"][-1].tobytes(): item for item in items}
+def first_frame(item: dict) -> bytes:
+    """An item's first observation's newest frame: unique per env, episode and step."""
+    return item["obs"].reshape(-1, K, 3, 4)[0, -1].tobytes()
 
 
-def assert_match(stored: list[dict], reference: dict[bytes, dict]) -> None:
+def assert_match(stored: list[dict], reference: list[dict]) -> None:
+    by_first = {first_frame(item): item for item in reference}
     assert stored
     for item in stored:
-        expected = reference[item["obs"][-1].tobytes()]
-        for name in ("obs", "next_obs", "action", "reward", "discount"):
+        expected = by_first[first_frame(item)]
+        assert item.keys() == expected.keys()
+        for name in item:
             np.testing.assert_array_equal(item[name], expected[name], err_msg=name)
 
 
-@pytest.fixture(scope="module")
-def played():
-    return play(240)
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def played(request):
+    return (request.param, *play(request.param, 240))
 
 
 def test_the_reference_has_episode_starts_ends_and_truncations(played):
-    reference, batches, layout = played
-    starts = [t for t in reference if (t["obs"][0] == t["obs"][-1]).all()]  # stacks repeating the first frame
-    assert starts and any(t["discount"] == 0 for t in reference) and len(batches) > 20
-    # Each batch carries about one frame per item: its env's steps, not 2 K stacks.
+    algorithm, reference, batches, layout = played
+    stacks = [stack for item in reference for stack in item["obs"].reshape(-1, K, 3, 4)]
+    assert any((stack[0] == stack[-1]).all() for stack in stacks)  # stacks repeating an episode's first frame
+    assert any((item["discount"] == 0).any() for item in reference) and len(batches) > 10
+    # Each batch carries about one frame per env step its items hold, not their stacks.
     frames = sum(len(b[wire.FRAMES]) for b in batches)
-    items = sum(len(b["action"]) for b in batches)
-    assert frames < 2 * items < 2 * K * items
+    stacked = sum(b["obs"].size for b in batches) * (2 if "next_obs" in layout.refs else 1)
+    assert frames < stacked / 2
 
 
 @pytest.mark.parametrize("device,kernels", PATHS)
 def test_samples_equal_the_reference_stacks_across_wraps_drops_resends_and_checkpoints(played, device, kernels):
-    reference, batches, layout = played
-    by_obs = by_first_frame(reference)
+    algorithm, reference, batches, layout = played
+    steps = 3 if algorithm == "r2d2" else 1  # new frames an item brings, about
 
     def replay(frame_capacity: int, kind: str = kernels) -> PrioritizedReplay:
-        return PrioritizedReplay(50, stored_fields(), device=device, kernels=kind, frames=layout,
-                                 frame_capacity=frame_capacity)
+        return PrioritizedReplay(50, stored_fields(algorithm), device=device, kernels=kind, frames=layout,
+                                 frame_capacity=frame_capacity * steps)
 
     roomy, tight = replay(400), replay(60)  # tight: frames run out before items do, so items drop early
     for i, batch in enumerate(batches):
@@ -143,33 +154,34 @@ def test_samples_equal_the_reference_stacks_across_wraps_drops_resends_and_check
             state = roomy.state_dict()
             roomy = replay(400, "torch" if kernels == "auto" else "auto")
             roomy.load_state_dict(state)
-    assert roomy.inserted > 2 * roomy.capacity and tight.abandoned > roomy.abandoned  # wrapped; dropped for frames
+    assert roomy.inserted > 2 * roomy.capacity and tight.abandoned > 0  # wrapped; items dropped for their frames
     assert len(stored_items(roomy)) == roomy.capacity  # the resend's abandoned slots were overwritten since
     for buffer in (roomy, tight):
         items = stored_items(buffer)
         assert len(items) >= len(batches[-1]["action"])
-        assert_match(items, by_obs)
+        assert_match(items, reference)
     sample = roomy.sample(16)
-    assert sample.data["obs"].shape == (16, K, 3, 4) and sample.data["obs"].dtype == torch.uint8
-    assert_match([{k: v[i].cpu().numpy() for k, v in sample.data.items()} for i in range(16)], by_obs)
+    assert sample.data["obs"].shape[-3:] == (K, 3, 4) and sample.data["obs"].dtype == torch.uint8
+    assert_match([{k: v[i].cpu().numpy() for k, v in sample.data.items()} for i in range(16)], reference)
 
 
-def stored_fields() -> dict:
-    """What the replay stores for DQN's n-step transitions over frame ids."""
-    return make_spec("dqn", frame_id_space(gym.spaces.Box(0, 255, (K, 3, 4), np.uint8)), gym.spaces.Discrete(2),
-                     {"n_step": N_STEP, "gamma": 0.5}).transition_fields()
+def stored_fields(algorithm: str) -> dict:
+    """What the replay stores for the algorithm's items over frame ids."""
+    return make_spec(algorithm, frame_id_space(gym.spaces.Box(0, 255, (K, 3, 4), np.uint8)), gym.spaces.Discrete(2),
+                     CONFIGS[algorithm]).transition_fields()
 
 
 def test_a_batch_referring_outside_its_frames_is_refused_and_changes_nothing(played):
-    _, batches, layout = played
-    replay = PrioritizedReplay(50, stored_fields(), frames=layout, frame_capacity=100)
+    algorithm, _, batches, layout = played
+    replay = PrioritizedReplay(50, stored_fields(algorithm), frames=layout, frame_capacity=1000)
     replay.add(batches[0])
     bad = dict(batches[1])
     bad["obs"] = bad["obs"].copy()
-    bad["obs"][0, 0] = len(bad[wire.FRAMES])
+    bad["obs"].reshape(-1)[0] = len(bad[wire.FRAMES])
     with pytest.raises(ValueError, match="outside the batch's"):
         replay.add(bad)
     missing = {k: v for k, v in batches[1].items() if k != wire.FRAMES}
     with pytest.raises(ValueError, match="needs its 'frames' field"):
         replay.add(missing)
     assert replay.inserted == len(batches[0]["action"]) and replay.pending == 0
+    del algorithm
