@@ -8,7 +8,8 @@ are ``actorlearner relay`` processes, each serving an equal share of the actors.
 publishes ``--versions`` policy versions ``--publish-interval`` apart and measures, per
 version, the time from publish until the last actor holds it (or a newer one: a slow actor
 skips versions, latest wins), as p50 and p99 over the versions; the learner process's CPU
-seconds per second over that phase; and the transitions per second stored.
+seconds per second over that phase, and per stored batch (publishing included); and the transitions per
+second stored.
 
     python benchmarks/bench_delivery.py --actors 64,256,1000 --relays 0,4 --json
 """
@@ -161,7 +162,8 @@ def measure(actors: int, relays: int, args, payload: bytes) -> dict:
                 time.sleep(args.publish_interval)
             time.sleep(args.drain)
             cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
-            stored = (learner.inserted_batches - stored0) * args.transitions
+            batches = learner.inserted_batches - stored0
+            stored = batches * args.transitions
             stop.set()
             logs = [log for _ in procs for log in received.get(timeout=120)]
             for proc in procs:
@@ -181,6 +183,7 @@ def measure(actors: int, relays: int, args, payload: bytes) -> dict:
             "delivery_p50_ms": round(1000 * float(np.percentile(delays, 50)), 1) if delays else None,
             "delivery_p99_ms": round(1000 * float(np.percentile(delays, 99)), 1) if delays else None,
             "versions_not_delivered": missing, "learner_cpu_s_per_s": round(cpu / wall, 3),
+            "learner_cpu_ms_per_batch": round(1000 * cpu / batches, 3) if batches else None,
             "ingest_transitions_s": round(stored / wall),
             "offered_transitions_s": round(actors * args.transitions / args.batch_interval)}
 
@@ -207,18 +210,19 @@ def main() -> None:
         for relays in [int(r) for r in args.relays.split(",")]:
             runs = [measure(actors, relays, args, payload) for _ in range(args.runs)]
             row = dict(runs[0])
-            for key in ("delivery_p50_ms", "delivery_p99_ms", "learner_cpu_s_per_s", "ingest_transitions_s",
-                        "versions_not_delivered"):
+            for key in ("delivery_p50_ms", "delivery_p99_ms", "learner_cpu_s_per_s", "learner_cpu_ms_per_batch",
+                        "ingest_transitions_s", "versions_not_delivered"):
                 values = [r[key] for r in runs if r[key] is not None]
                 row[key] = statistics.median(values) if values else None
             rows.append(row)
             print(json.dumps(row), flush=True)
     print("| actors | relays | learner streams | delivery p50 ms | delivery p99 ms | learner CPU s/s | "
-          "ingest transitions/s (offered) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+          "learner CPU ms/batch | ingest transitions/s (offered) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['actors']} | {r['relays']} | {r['learner_streams']} | {r['delivery_p50_ms']} | "
-              f"{r['delivery_p99_ms']} | {r['learner_cpu_s_per_s']} | {r['ingest_transitions_s']:,} "
+              f"{r['delivery_p99_ms']} | {r['learner_cpu_s_per_s']} | {r['learner_cpu_ms_per_batch']} | "
+              f"{r['ingest_transitions_s']:,} "
               f"({r['offered_transitions_s']:,}) |")
     if args.json:
         print(json.dumps({"rows": rows}))

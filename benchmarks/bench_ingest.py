@@ -1,7 +1,8 @@
 """Learner ingest (decode, validate, insert into replay) against a bare gRPC stream sink, same run.
 
 K client processes send pre-generated ~1 MB TrajectoryBatches (no env cost) through the
-actor's real streaming client (window, acks). Ours: a learner that decodes, validates
+actor's real streaming client (window, acks). The clients start once and serve every run, both
+sides, one line printed per run (starting K interpreters per run made ``--actors 8`` look hung). Ours: a learner that decodes, validates
 and inserts each batch into the replay buffer before acking it. Baseline: a bare gRPC
 bidirectional stream that receives the same bytes and acks each message, nothing else.
 
@@ -72,14 +73,25 @@ def make_payload(obs: str, message_bytes: int) -> tuple[bytes, int]:
     return wire.encode_batch(fields), n
 
 
-# -- clients (separate processes) ------------------------------------------------------------
+# -- clients (separate processes, started once and kept for every run) ------------------------
 
-def learner_client(address: str, hello_bytes: bytes, payload: bytes, n: int, stop, ready) -> None:
-    """Send the same batch with rising seqs through the actor's real streaming client."""
+def client(payload: bytes, n: int, window: int, commands, stop, ready, done) -> None:
+    """Serve runs until told to end (None): each command ``(side, address, hello bytes)`` sends until
+    ``stop``, then sets ``done``. Torch and the link import once, not once per run."""
     from actorlearner.actor.link import LearnerLink
 
-    hello = pb.Hello.FromString(hello_bytes)
-    link = LearnerLink(address, hello, MESSAGE_LIMIT).start()
+    while (command := commands.get()) is not None:
+        side, address, hello_bytes = command
+        if side == "ours":
+            learner_client(LearnerLink, address, hello_bytes, payload, n, stop, ready)
+        else:
+            bare_client(address, payload, window, stop, ready)
+        done.set()
+
+
+def learner_client(link_class, address: str, hello_bytes: bytes, payload: bytes, n: int, stop, ready) -> None:
+    """Send the same batch with rising seqs through the actor's real streaming client."""
+    link = link_class(address, pb.Hello.FromString(hello_bytes), MESSAGE_LIMIT).start()
     link.welcomed.wait(30)
     ready.set()
     seq = 0
@@ -112,6 +124,52 @@ def bare_client(address: str, payload: bytes, window: int, stop, ready) -> None:
             pass
 
 
+class Clients:
+    """K client processes kept across runs; :meth:`run` points them at a server for one measurement."""
+
+    def __init__(self, ctx, count: int, payload: bytes, n: int, window: int):
+        self.stop = ctx.Event()
+        self.readies = [ctx.Event() for _ in range(count)]
+        self.dones = [ctx.Event() for _ in range(count)]
+        self.queues = [ctx.Queue() for _ in range(count)]
+        self.procs = [ctx.Process(target=client, daemon=True, args=(payload, n, window, q, self.stop, r, d))
+                      for q, r, d in zip(self.queues, self.readies, self.dones)]
+        for proc in self.procs:
+            proc.start()
+
+    def run(self, side: str, address: str, hello: pb.Hello | None, counter, warmup: float, seconds: float) -> tuple[float, float]:
+        """Count per second of ``counter()`` and this process's CPU seconds per count, over ``seconds``
+        after ``warmup``, with every client sending to ``address``."""
+        self.stop.clear()
+        for i, (queue, ready, done) in enumerate(zip(self.queues, self.readies, self.dones)):
+            ready.clear()
+            done.clear()
+            if hello is not None:
+                hello.actor_id = f"bench-{i}"
+            queue.put((side, address, b"" if hello is None else hello.SerializeToString()))
+        try:
+            for ready in self.readies:
+                if not ready.wait(120):
+                    raise RuntimeError("a client never got ready")
+            time.sleep(warmup)
+            start_count, start, cpu = counter(), time.monotonic(), time.process_time()
+            time.sleep(seconds)
+            count, cpu = counter() - start_count, time.process_time() - cpu
+            return count / (time.monotonic() - start), cpu / max(count, 1)
+        finally:
+            self.stop.set()
+            for done in self.dones:
+                done.wait(30)
+
+    def close(self) -> None:
+        for queue in self.queues:
+            queue.put(None)
+        for proc in self.procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.terminate()
+
+
 # -- servers ---------------------------------------------------------------------------------
 
 class BareSink:
@@ -134,6 +192,11 @@ class BareSink:
 
     def stop(self):
         self.server.stop(1).wait()
+
+
+def serialize(message: pb.LearnerMessage | bytes) -> bytes:
+    """A LearnerMessage's bytes; bytes (a policy version, serialized once) as they are."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
 
 
 class AioLearnerServer:
@@ -166,7 +229,7 @@ class AioLearnerServer:
     async def _serve(self):
         server = grpc.aio.server(options=grpc_options(MESSAGE_LIMIT))
         handler = grpc.stream_stream_rpc_method_handler(self._connect, request_deserializer=pb.ActorMessage.FromString,
-                                                        response_serializer=pb.LearnerMessage.SerializeToString)
+                                                        response_serializer=serialize)
         name = pb.DESCRIPTOR.services_by_name["Learner"].full_name
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, {"Connect": handler}),))
         self.port = server.add_insecure_port("127.0.0.1:0")
@@ -195,28 +258,9 @@ def learner_server(learner: Learner, kind: str):
         server.stop()
 
 
-def measure(counter, clients: list[mp.Process], stop, readies, warmup: float, seconds: float) -> float:
-    """Count per second of ``counter()`` over ``seconds`` after ``warmup``, clients running."""
-    for proc in clients:
-        proc.start()
-    try:
-        for ready in readies:
-            if not ready.wait(120):
-                raise RuntimeError("a client never got ready")
-        time.sleep(warmup)
-        start_count, start = counter(), time.monotonic()
-        time.sleep(seconds)
-        return (counter() - start_count) / (time.monotonic() - start)
-    finally:
-        stop.set()
-        for proc in clients:
-            proc.join(10)
-            if proc.is_alive():
-                proc.terminate()
-
-
-def run_ours(ctx, args, payload: bytes, n: int, message_bytes: int) -> float:
-    """Bytes per second of accepted payload into our learner's replay buffer."""
+def run_ours(clients: Clients, args, n: int, message_bytes: int) -> tuple[float, float]:
+    """Bytes per second of accepted payload into our learner's replay buffer, and the learner's
+    CPU seconds per batch."""
     capacity = max(50_000, n * 64) if args.obs == "cartpole" else 4_000
     config = LearnerConfig(env=env_id(args.obs), replay_capacity=capacity, eval_every=0, max_unacked=args.window,
                            min_replay_size=10**12, max_message_bytes=MESSAGE_LIMIT)
@@ -224,25 +268,18 @@ def run_ours(ctx, args, payload: bytes, n: int, message_bytes: int) -> float:
     with learner_server(learner, args.server) as port:
         hello = pb.Hello(protocol_version=wire.PROTOCOL_VERSION, algorithm="dqn", env_spec=learner.env_spec,
                          policy_version=-1)
-        stop, readies, clients = ctx.Event(), [], []
-        for i in range(args.actors):
-            hello.actor_id = f"bench-{i}"
-            ready = ctx.Event()
-            readies.append(ready)
-            clients.append(ctx.Process(target=learner_client, daemon=True,
-                                       args=(f"127.0.0.1:{port}", hello.SerializeToString(), payload, n, stop, ready)))
-        batches_per_s = measure(lambda: learner.inserted_batches, clients, stop, readies, args.warmup, args.seconds)
-    return batches_per_s * message_bytes
+        batches_per_s, cpu = clients.run("ours", f"127.0.0.1:{port}", hello, lambda: learner.inserted_batches,
+                                         args.warmup, args.seconds)
+    return batches_per_s * message_bytes, cpu
 
 
-def run_baseline(ctx, args, payload: bytes) -> float:
+def run_baseline(clients: Clients, args, message_bytes: int) -> tuple[float, float]:
+    """Bytes per second into the bare sink, and its CPU seconds per message."""
     sink = BareSink()
     try:
-        stop = ctx.Event()
-        readies = [ctx.Event() for _ in range(args.actors)]
-        clients = [ctx.Process(target=bare_client, daemon=True,
-                               args=(f"127.0.0.1:{sink.port}", payload, args.window, stop, ready)) for ready in readies]
-        return measure(lambda: sink.bytes, clients, stop, readies, args.warmup, args.seconds)
+        bytes_per_s, cpu = clients.run("bare", f"127.0.0.1:{sink.port}", None, lambda: sink.bytes, args.warmup,
+                                       args.seconds)
+        return bytes_per_s, cpu * message_bytes
     finally:
         sink.stop()
 
@@ -262,19 +299,32 @@ def main() -> None:
     args = parser.parse_args()
 
     payload, n = make_payload(args.obs, int(args.message_mb * 1e6))
-    ctx = mp.get_context("spawn")
-    ours, baseline = [], []
-    for _ in range(args.runs):
-        ours.append(run_ours(ctx, args, payload, n, len(payload)))
-        baseline.append(run_baseline(ctx, args, payload))
+    clients = Clients(mp.get_context("spawn"), args.actors, payload, n, args.window)
+    ours, baseline, ours_cpu, base_cpu = [], [], [], []
+    try:
+        for run in range(args.runs):
+            rate, cpu = run_ours(clients, args, n, len(payload))
+            ours.append(rate)
+            ours_cpu.append(cpu)
+            rate, cpu = run_baseline(clients, args, len(payload))
+            baseline.append(rate)
+            base_cpu.append(cpu)
+            print(f"run {run + 1}/{args.runs}: ours {ours[-1] / 1e6:.1f} MB/s ({1e3 * ours_cpu[-1]:.2f} ms CPU/message), "
+                  f"bare {baseline[-1] / 1e6:.1f} MB/s ({1e3 * base_cpu[-1]:.2f} ms CPU/message)", flush=True)
+    finally:
+        clients.close()
     ours_mb, base_mb = statistics.median(ours) / 1e6, statistics.median(baseline) / 1e6
-    result = {"obs": args.obs, "server": args.server, "actors": args.actors, "message_bytes": len(payload), "transitions_per_message": n,
-              "ingest_mb_s": round(ours_mb, 1), "baseline_mb_s": round(base_mb, 1), "ratio": round(ours_mb / base_mb, 3),
+    ours_ms, base_ms = 1e3 * statistics.median(ours_cpu), 1e3 * statistics.median(base_cpu)
+    result = {"obs": args.obs, "server": args.server, "actors": args.actors, "message_bytes": len(payload),
+              "transitions_per_message": n, "ingest_mb_s": round(ours_mb, 1), "baseline_mb_s": round(base_mb, 1),
+              "ratio": round(ours_mb / base_mb, 3), "ratios": [round(o / b, 3) for o, b in zip(ours, baseline)],
+              "server_cpu_ms_per_message": round(ours_ms, 3), "baseline_cpu_ms_per_message": round(base_ms, 3),
               "transitions_s": round(ours_mb * 1e6 / len(payload) * n), "runs": args.runs}
-    print("| obs | server | actors | message | ours MB/s | bare gRPC MB/s | ratio | transitions/s |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("| obs | server | actors | message | ours MB/s | bare gRPC MB/s | ratio | server CPU ms/message: ours, bare "
+          "| transitions/s |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     print(f"| {args.obs} | {args.server} | {args.actors} | {len(payload) / 1e6:.2f} MB | {ours_mb:.1f} | {base_mb:.1f} | "
-          f"{ours_mb / base_mb:.2f}x | {result['transitions_s']:,} |")
+          f"{ours_mb / base_mb:.2f}x | {ours_ms:.2f}, {base_ms:.2f} | {result['transitions_s']:,} |")
     if args.json:
         print(json.dumps(result))
 

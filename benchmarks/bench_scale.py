@@ -17,6 +17,7 @@ import json
 import multiprocessing as mp
 import statistics
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -28,7 +29,6 @@ from actorlearner.learner.server import serve
 from actorlearner.streaming.service import CONNECT_METHOD
 from actorlearner.transport import grpc_options
 from actorlearner.v1 import learner_pb2 as pb
-from bench_ingest import measure
 
 MESSAGE_LIMIT = 16 << 20
 
@@ -83,6 +83,26 @@ def client_process(address: str, hello_bytes: bytes, first_id: int, streams: int
     stop.wait()
     for thread in threads:
         thread.join(5)
+
+
+def measure(counter, clients: list[mp.Process], stop, readies, warmup: float, seconds: float) -> float:
+    """Count per second of ``counter()`` over ``seconds`` after ``warmup``, clients running."""
+    for proc in clients:
+        proc.start()
+    try:
+        for ready in readies:
+            if not ready.wait(120):
+                raise RuntimeError("a client never got ready")
+        time.sleep(warmup)
+        start_count, start = counter(), time.monotonic()
+        time.sleep(seconds)
+        return (counter() - start_count) / (time.monotonic() - start)
+    finally:
+        stop.set()
+        for proc in clients:
+            proc.join(10)
+            if proc.is_alive():
+                proc.terminate()
 
 
 def aggregate_rate(streams: int, args, payload: bytes, n: int) -> float:

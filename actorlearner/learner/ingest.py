@@ -16,6 +16,10 @@ from actorlearner.learner.roles import Roles
 from actorlearner.replay import PrioritizedReplay, RateLimiter
 from actorlearner.v1 import learner_pb2 as pb
 
+COPY_UNLOCKED_BYTES = 1 << 18
+"""Batches of at least this many bytes are copied into the replay outside its lock, so that several
+streams copy at once; smaller ones in the same hold as the reserve and commit (one lock round, not two)."""
+
 LIMITER_POLL_SECONDS = 0.25
 """How often a batch waiting on the rate limiter checks whether its stream or the learner ended."""
 
@@ -27,7 +31,7 @@ class IngestAborted(Exception):
 
 class Ingest:
     """Stores batches from many gRPC threads at once: each reserves its rows under ``replay_lock``,
-    copies them without it, and commits under it again.
+    copies them without it (when large), and commits under it again.
 
     A snapshot closes the insert gate (:meth:`wait_for_open_inserts`) to see the replay with no
     insert open; :meth:`seal` refuses every later batch, so that none is acked after the final checkpoint.
@@ -38,6 +42,7 @@ class Ingest:
                  registry: ActorRegistry, roles: Roles, telemetry_writer: telemetry.Telemetry,
                  stopping: threading.Event, current_version: Callable[[], int]):
         self.fields, self.max_message_bytes = fields, max_message_bytes
+        self._wire_fields = {name: (tuple(shape), wire.np_dtype(dtype)) for name, (shape, dtype) in fields.items()}
         self.replay, self.replay_lock, self.limiter = replay, replay_lock, limiter
         self.registry, self.roles, self.telemetry = registry, roles, telemetry_writer
         self.stopping, self.current_version = stopping, current_version
@@ -70,29 +75,28 @@ class Ingest:
                                  f"the actor's Hello knows), got {batch.policy_version}")
         n = batch.num_transitions
         self.roles.check_batch(batch)
-        arrays = wire.decode_batch(batch.payload if payload is None else payload, batch.codec, self.fields, n,
+        arrays = wire.decode_batch(batch.payload if payload is None else payload, batch.codec, self._wire_fields, n,
                                    self.max_message_bytes)
         priorities = wire.decode_priorities(batch.priorities, n)
         self._acquire_insert(session, n)
         reservation, inserted = None, False
         try:
             with self.replay_lock:
-                self.inserts_changed.wait_for(lambda: not self.gate_closed)
+                while self.gate_closed:
+                    self.inserts_changed.wait()
                 if self.sealed:
                     raise IngestAborted("the learner is shutting down")
                 previous = seq_table.get(record.actor_id, -1)
                 if batch.seq > previous:  # not stored meanwhile by another stream: claim it
                     reservation = self.replay.reserve(arrays, priorities, policy_version=batch.policy_version)
                     seq_table[record.actor_id] = batch.seq
-            if reservation is not None:
+                    if sum(a.nbytes for a in arrays.values()) < COPY_UNLOCKED_BYTES:
+                        self.replay.write(reservation)
+                        inserted = self._commit(reservation, batch, record, n)
+            if reservation is not None and not inserted:
                 self.replay.write(reservation)  # no lock: other streams copy their batches meanwhile
                 with self.replay_lock:
-                    self.replay.commit(reservation)
-                    self.roles.record_batch(batch)  # with the batch, under the same lock: exactly once
-                    self.inserted_batches += 1
-                    record.transitions += n
-                    inserted = True
-                    self.inserts_changed.notify_all()
+                    inserted = self._commit(reservation, batch, record, n)
         finally:
             if not inserted:
                 self.limiter.refund_insert(n)
@@ -107,6 +111,15 @@ class Ingest:
         record.saw_version(batch.policy_version, self.current_version())
         record.batches.add()
         self.insert_meter.add(n)
+        return True
+
+    def _commit(self, reservation, batch: pb.TrajectoryBatch, record, n: int) -> bool:
+        """Under replay_lock: make a written batch sampleable and count it, with its role's record: exactly once."""
+        self.replay.commit(reservation)
+        self.roles.record_batch(batch)
+        self.inserted_batches += 1
+        record.transitions += n
+        self.inserts_changed.notify_all()
         return True
 
     def _acquire_insert(self, session: ActorSession, n: int) -> None:

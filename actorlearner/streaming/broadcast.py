@@ -1,4 +1,5 @@
-"""Policy fan-out: each version is serialized once, chunked, and pulled latest-wins by every stream."""
+"""Policy fan-out: each version is serialized once, chunked, and pulled latest-wins by every stream as the
+same message bytes (Connect's response serializer passes bytes through)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ class PolicyBroadcast:
         self.version = -1
         self.serializations = 0  # how many times a state dict was encoded: one per version
         self.payload = b""
-        self._messages: list[pb.LearnerMessage] = []
+        self._messages: list[bytes] = []  # serialized LearnerMessages
         self._lock = threading.Lock()
         self._listeners: set = set()
 
@@ -44,7 +45,7 @@ class PolicyBroadcast:
 
     def publish_payload(self, version: int, payload: bytes) -> None:
         """Chunk an already serialized policy (a state dict, or an ONNX model) as ``version`` and wake every listener."""
-        messages = policy_update_messages(version, payload, self.chunk_bytes)
+        messages = [m.SerializeToString() for m in policy_update_messages(version, payload, self.chunk_bytes)]
         with self._lock:
             self.version, self.payload, self._messages = version, payload, messages
             self.serializations += 1
@@ -62,8 +63,8 @@ class PolicyBroadcast:
         with self._lock:
             return self.version, self.payload
 
-    def latest(self) -> tuple[int, list[pb.LearnerMessage]]:
-        """The newest version and its messages (shared, never mutated)."""
+    def latest(self) -> tuple[int, list[bytes]]:
+        """The newest version and its serialized LearnerMessages (shared)."""
         with self._lock:
             return self.version, self._messages
 

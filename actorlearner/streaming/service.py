@@ -47,6 +47,11 @@ def parse_keeping_payload(data: bytes) -> Received | wire.WireError:
     return message if isinstance(message, wire.WireError) else Received(message, payload)
 
 
+def serialize_learner_message(message: pb.LearnerMessage | bytes) -> bytes:
+    """Connect's response serializer: bytes pass as they are (a policy version, serialized once for every stream)."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
 def parsed(requests):
     """A stream's messages; raises the WireError standing for one that did not parse."""
     for message in requests:
@@ -59,8 +64,7 @@ def _add_learner_service(service: pb_grpc.LearnerServicer, server: grpc.Server, 
     """``add_LearnerServicer_to_server`` with Connect's deserializer swapped for ``deserializer``."""
     handlers = {
         "Connect": grpc.stream_stream_rpc_method_handler(
-            service.Connect, request_deserializer=deserializer,
-            response_serializer=pb.LearnerMessage.SerializeToString),
+            service.Connect, request_deserializer=deserializer, response_serializer=serialize_learner_message),
         "GetStatus": grpc.unary_unary_rpc_method_handler(
             service.GetStatus, request_deserializer=pb.StatusRequest.FromString,
             response_serializer=pb.StatusResponse.SerializeToString),
