@@ -45,6 +45,21 @@ class FrameLayout:
         return {name: frames[index] for name, index in refs.items()}
 
 
+STACKED_FRAMES = "stacked_frames"
+"""The ``metadata`` key by which an env that stacks its own frames says how many: its observation is
+``(K, *frame)``, the newest frame last, each step shifting one new frame in."""
+
+
+def frame_stack_of(env: Any, frame_stack: int) -> int:
+    """The frames an env's observations stack: ``frame_stack`` (``--frame-stack``, which wraps the env),
+    or what an env that stacks its own declares in ``metadata``; ValueError when both say so."""
+    declared = int(env.metadata.get(STACKED_FRAMES, 0) or 0)
+    if declared and frame_stack:
+        raise ValueError(f"the env stacks its own {declared} frames (metadata[{STACKED_FRAMES!r}]): "
+                         f"--frame-stack {frame_stack} would stack the stacks")
+    return frame_stack or declared
+
+
 def frame_id_space(stacked: gym.Space) -> gym.spaces.Box:
     """The space of a stack's frame ids, ``(K,)`` int64, for a stacked observation space ``(K, *frame)``."""
     if not isinstance(stacked, gym.spaces.Box) or len(stacked.shape) < 2:

@@ -16,7 +16,8 @@ import pytest
 from procs import FAST_LEARNER, free_port, start_actor, start_learner, status, stop, wait_until
 
 from actorlearner import wire
-from actorlearner.actor.actor import Actor, _cut
+from actorlearner.actor.actor import Actor
+from actorlearner.actor.batching import cut
 from actorlearner.algorithms import make_spec
 from actorlearner.algorithms.nstep import NStepAssembler
 from actorlearner.checkpoint.store import CheckpointStore
@@ -347,7 +348,7 @@ def test_a_batch_spanning_a_policy_change_carries_the_oldest_version_of_its_tran
     """learner.proto: the learner's staleness bound must never see a batch as newer than it is."""
     blocks = [{"reward": np.arange(3.0)}, {"reward": np.arange(3.0, 7.0)}, {"reward": np.arange(7.0, 9.0)}]
     versions = [4, 5, 6]
-    head, rest, rest_versions = _cut(blocks, versions, 5)  # the cut falls inside the version-5 block
+    head, rest, rest_versions = cut(blocks, versions, 5)  # the cut falls inside the version-5 block
     assert head["reward"].tolist() == [0, 1, 2, 3, 4] and rest[0]["reward"].tolist() == [5, 6, 7, 8]
     assert rest_versions == [5]  # the leftover starts with version-5 transitions, not the newest (6)
-    assert _cut(blocks, versions, 7)[2] == [6] and _cut(blocks, versions, 9)[1:] == ([], [])
+    assert cut(blocks, versions, 7)[2] == [6] and cut(blocks, versions, 9)[1:] == ([], [])

@@ -12,7 +12,7 @@ from actorlearner import wire
 from actorlearner.actor.frames import FrameIds, FramePending
 from actorlearner.algorithms import make_spec
 from actorlearner.envs import make_vector_env
-from actorlearner.frames import algorithm_frames, batch_fields, frame_id_space
+from actorlearner.frames import STACKED_FRAMES, algorithm_frames, batch_fields, frame_id_space, frame_stack_of
 from actorlearner.replay import PrioritizedReplay
 from actorlearner.replay.layout import gather_rows
 
@@ -56,14 +56,28 @@ def counting_frames() -> gym.Env:
     return CountingFrames(next(_made) % ENVS)
 
 
+def self_stacking_frames() -> gym.Env:
+    """Counting frames stacked by the env itself, which says so in its metadata."""
+    env = gym.wrappers.FrameStackObservation(counting_frames(), K)
+    env.metadata = {**env.metadata, STACKED_FRAMES: K}
+    return env
+
+
 CONFIGS = {"dqn": {"n_step": N_STEP, "gamma": 0.5}, "r2d2": {"sequence_length": 6, "overlap": 2, "burn_in": 1}}
+CASES = {"dqn": ("dqn", False), "r2d2": ("r2d2", False), "dqn-env-stacks": ("dqn", True)}
 
 
-def play(algorithm: str, steps: int, batch_size: int = 8) -> tuple[list[dict], list[dict], object]:
+def play(case: str, steps: int, batch_size: int = 8) -> tuple[list[dict], list[dict], object]:
     """The same vector-env steps assembled twice into the algorithm's items (DQN's n-step transitions,
     R2D2's overlapping sequences): over the stacked observations (the reference) and over frame ids;
-    returns (reference items, wire-decoded batches, layout)."""
-    envs = make_vector_env("test_frame_stack:counting_frames", ENVS, frame_stack=K)
+    returns (algorithm, reference items, wire-decoded batches, layout). The frames are stacked by
+    ``--frame-stack`` or by an env that declares it."""
+    algorithm, env_stacks = CASES[case]
+    if env_stacks:
+        envs = make_vector_env("test_frame_stack:self_stacking_frames", ENVS)
+    else:
+        envs = make_vector_env("test_frame_stack:counting_frames", ENVS, frame_stack=K)
+    assert frame_stack_of(envs, 0 if env_stacks else K) == K
     spec = make_spec(algorithm, envs.single_observation_space, envs.single_action_space, CONFIGS[algorithm])
     layout, by_ids = algorithm_frames(spec)
     fields = batch_fields(layout, by_ids.transition_fields())
@@ -93,7 +107,7 @@ def play(algorithm: str, steps: int, batch_size: int = 8) -> tuple[list[dict], l
             batches.append(wire.decode_batch(payload, wire.Codec.MSGPACK, fields, len(batch["action"])))
         obs, ids = next_obs, next_ids
     envs.close()
-    return reference, batches, layout
+    return algorithm, reference, batches, layout
 
 
 def stored_items(replay: PrioritizedReplay) -> list[dict]:
@@ -119,9 +133,9 @@ def assert_match(stored: list[dict], reference: list[dict]) -> None:
             np.testing.assert_array_equal(item[name], expected[name], err_msg=name)
 
 
-@pytest.fixture(scope="module", params=list(CONFIGS))
+@pytest.fixture(scope="module", params=list(CASES))
 def played(request):
-    return (request.param, *play(request.param, 240))
+    return play(request.param, 240)
 
 
 def test_the_reference_has_episode_starts_ends_and_truncations(played):
@@ -185,3 +199,8 @@ def test_a_batch_referring_outside_its_frames_is_refused_and_changes_nothing(pla
         replay.add(missing)
     assert replay.inserted == len(batches[0]["action"]) and replay.pending == 0
     del algorithm
+
+
+def test_frame_stack_on_an_env_that_stacks_its_own_frames_is_refused():
+    with pytest.raises(ValueError, match="stacks its own 4 frames"):
+        frame_stack_of(self_stacking_frames(), 4)

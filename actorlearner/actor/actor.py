@@ -21,7 +21,7 @@ from actorlearner.algorithms import AlgorithmSpec, Policy, TransitionAssembler, 
 from actorlearner.config import ActorConfig
 from actorlearner.envs import make_env, make_vector_env
 from actorlearner.envs.multiagent import is_multi_agent, shared_spaces
-from actorlearner.frames import FrameLayout, algorithm_frames, batch_fields
+from actorlearner.frames import FrameLayout, algorithm_frames, batch_fields, frame_stack_of
 from actorlearner.league import Game, OpponentPool, SeatEnv
 from actorlearner.league.league import OUTCOME_CODES
 from actorlearner.metrics import Metric
@@ -79,7 +79,8 @@ class Actor:
         self.assembler: TransitionAssembler | None = None
         self.exploration = 1.0
         # Frame stacking: each frame gets an id once; items are assembled of ids and carry their frames.
-        self.frame_ids = FrameIds(config.num_envs, config.frame_stack) if config.frame_stack else None
+        frame_stack = 0 if self.agents else frame_stack_of(self.envs, config.frame_stack)
+        self.frame_ids = FrameIds(config.num_envs, frame_stack) if frame_stack else None
         self.frame_layout: FrameLayout | None = None  # of the session's algorithm
         self.pending: PendingTransitions | FramePending = PendingTransitions()  # transitions not yet in a batch
         self._seq = self._first_seq()

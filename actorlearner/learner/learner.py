@@ -23,7 +23,7 @@ from actorlearner.config import LearnerConfig
 from actorlearner.envs import make_env
 from actorlearner.envs.multiagent import is_multi_agent, seat_spaces
 from actorlearner.evaluation import EvalResult
-from actorlearner.frames import algorithm_frames, batch_fields, default_frame_capacity
+from actorlearner.frames import algorithm_frames, batch_fields, default_frame_capacity, frame_stack_of
 from actorlearner.learner import state, status
 from actorlearner.learner.distributed import join_world, local_device, resolve_world
 from actorlearner.learner.evaluating import Evaluation
@@ -76,6 +76,7 @@ class Learner:
         try:
             self.agents = list(env.possible_agents) if is_multi_agent(env) else []
             spaces = seat_spaces(env)
+            frame_stack = 0 if self.agents else frame_stack_of(env, config.frame_stack)
         finally:
             env.close()
         if self.agents and self.world.size > 1:
@@ -92,7 +93,7 @@ class Learner:
         algorithm = algorithm_spec.make_trainer(device=self.device, seed=config.seed)
         self.fields = stored = algorithm_spec.transition_fields()  # what batches hold, and the replay
         self.frame_layout, frame_capacity = None, 0
-        if config.frame_stack:  # batches hold frame indices and the frames, the replay frame keys
+        if frame_stack:  # batches hold frame indices and the frames, the replay frame keys
             self.frame_layout, by_ids = algorithm_frames(algorithm_spec)
             stored = by_ids.transition_fields()
             self.fields = batch_fields(self.frame_layout, stored)
