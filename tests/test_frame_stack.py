@@ -3,18 +3,24 @@ for the same steps, across episode ends, ring wraps, frames dropping items, rese
 
 from __future__ import annotations
 
+import functools
+
+import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from procs import start_learner, status, stop
+from streams import RawStream
 
-from actorlearner import wire
+from actorlearner import specs, wire
 from actorlearner.actor.frames import FrameIds, FramePending
 from actorlearner.algorithms import make_spec
 from actorlearner.envs import make_vector_env
 from actorlearner.frames import STACKED_FRAMES, algorithm_frames, batch_fields, frame_id_space, frame_stack_of
 from actorlearner.replay import PrioritizedReplay
 from actorlearner.replay.layout import gather_rows
+from actorlearner.v1 import learner_pb2 as pb
 
 K, ENVS, N_STEP = 4, 3, 3
 PATHS = [("cpu", "auto"), ("cpu", "torch"),
@@ -133,9 +139,14 @@ def assert_match(stored: list[dict], reference: list[dict]) -> None:
             np.testing.assert_array_equal(item[name], expected[name], err_msg=name)
 
 
-@pytest.fixture(scope="module", params=list(CASES))
+@functools.cache
+def played_case(case: str):
+    return play(case, 240)
+
+
+@pytest.fixture(params=list(CASES))
 def played(request):
-    return play(request.param, 240)
+    return played_case(request.param)
 
 
 def test_the_reference_has_episode_starts_ends_and_truncations(played):
@@ -204,3 +215,46 @@ def test_a_batch_referring_outside_its_frames_is_refused_and_changes_nothing(pla
 def test_frame_stack_on_an_env_that_stacks_its_own_frames_is_refused():
     with pytest.raises(ValueError, match="stacks its own 4 frames"):
         frame_stack_of(self_stacking_frames(), 4)
+
+
+def test_a_learner_refuses_a_batch_whose_frame_index_is_out_of_range():
+    """Through a real learner process: INVALID_ARGUMENT naming the field, nothing of it stored."""
+    _, _, batches, _ = played_case("dqn")
+    space = gym.wrappers.FrameStackObservation(CountingFrames(0), K)
+    spec = specs.env_spec("test_frame_stack:counting_frames", space.observation_space, space.action_space)
+    learner, port = start_learner("--env", "test_frame_stack:counting_frames", "--frame-stack", str(K),
+                                  "--dqn-n-step", str(N_STEP), "--dqn-gamma", "0.5", "--eval-every", "0")
+    try:
+        hello = pb.ActorMessage(hello=pb.Hello(actor_id="frames", protocol_version=wire.PROTOCOL_VERSION,
+                                               algorithm="dqn", env_spec=spec, policy_version=-1))
+
+        def message(seq: int, fields: dict) -> pb.ActorMessage:
+            return pb.ActorMessage.FromString(wire.encode_batch_message(
+                seq, 0, len(fields["action"]), wire.encode_batch(fields), wire.Codec.MSGPACK))
+
+        good = RawStream(f"127.0.0.1:{port}", hello, message(1, batches[0]))
+        assert good.next("ack", 60).ack.accepted
+        good.close()
+        bad = dict(batches[1])
+        bad["next_obs"] = bad["next_obs"].copy()
+        bad["next_obs"].reshape(-1)[-1] = len(bad[wire.FRAMES]) + 5
+        refused = RawStream(f"127.0.0.1:{port}", hello, message(2, bad))
+        code, details = refused.wait_end(60)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "'next_obs' refers to a frame outside" in details
+        assert status(port).buffer_size == len(batches[0]["action"])
+    finally:
+        stop(learner)
+
+
+@pytest.mark.parametrize("algorithm", ["dqn", "r2d2", "sac", "td3"])
+def test_every_algorithm_stores_its_observations_as_frame_ids(algorithm):
+    continuous = algorithm in ("sac", "td3")
+    action_space = gym.spaces.Box(-1, 1, (2,), np.float32) if continuous else gym.spaces.Discrete(3)
+    spec = make_spec(algorithm, gym.spaces.Box(0, 255, (K, 10, 12), np.uint8), action_space)
+    layout, by_ids = algorithm_frames(spec)
+    assert layout.stack == K and layout.frame_shape == (10, 12) and layout.frame_dtype == torch.uint8
+    assert set(layout.refs) == ({"obs"} if algorithm == "r2d2" else {"obs", "next_obs"})
+    stored = by_ids.transition_fields()
+    for name in layout.refs:
+        assert stored[name][1] == torch.int64 and stored[name][0][-1] == K
+        assert spec.transition_fields()[name][0] == (*stored[name][0], 10, 12)
