@@ -43,6 +43,13 @@ class LearnerServedStream(ServedStream):
         self.refused: set[str] = set()  # a relay's actors refused since they last joined; under cond
         self.league_revision = 0  # the league's revision last sent (self-play)
         self.snapshots_sent: set[str] = set()  # league snapshots whose weights went out on this stream
+        self.transmit = None  # gRPC's send_response for this call: one message, None for the status
+        self._send_lock = threading.Lock()  # one send at a time: the stream's sender and its reader's acks
+
+    def send(self, message: pb.LearnerMessage | bytes | None) -> None:
+        """Send ``message`` now (None: end the call with its status), from whichever thread."""
+        with self._send_lock:
+            self.transmit(message)
 
     def sent(self, version: int) -> None:
         """``version`` goes out next; a relay's status shows it as the version the relay holds."""
@@ -67,12 +74,28 @@ class LearnerService(pb_grpc.LearnerServicer):
         self.learner = learner
         self._cap = StreamCap(max_streams, "the learner")
 
-    def Connect(self, request_iterator, context):
-        """One actor's (or relay's) stream; past ``max_streams`` open streams a new one is refused, not queued."""
-        with self._cap.slot(context):
-            yield from self._serve(parsed(request_iterator), context)
+    def Connect(self, request_iterator, context, send_response):
+        """One actor's (or relay's) stream; past ``max_streams`` open streams a new one is refused, not queued.
 
-    def _serve(self, request_iterator, context):
+        Non-blocking (gRPC's ``experimental_non_blocking``): this thread sends what :meth:`_serve` yields
+        and the status, and the stream's reader sends each ack itself, without a hand-off between threads.
+        """
+        with self._cap.slot(context):
+            stream = None
+            for item in self._serve(parsed(request_iterator), context, send_response):
+                if isinstance(item, LearnerServedStream):
+                    stream = item
+                else:
+                    stream.send(item)
+        if stream is None:
+            send_response(None)  # the status: the stream ended before its Hello
+        else:
+            stream.send(None)
+
+    Connect.experimental_non_blocking = True
+
+    def _serve(self, request_iterator, context, send_response):
+        """Yields the stream (first) and then every message its sender sends."""
         hello = read_hello(request_iterator, context, self.learner.config.hello_timeout)
         if hello is None:
             return
@@ -82,7 +105,10 @@ class LearnerService(pb_grpc.LearnerServicer):
         onnx = hello.policy_format == ONNX_FORMAT
         stream = LearnerServedStream(self.learner.connect(hello),
                                       self.learner.onnx_feed.broadcast if onnx else self.learner.broadcast)
-        context.add_callback(stream.close)
+        stream.transmit = send_response
+        yield stream
+        if not context.add_callback(stream.close):
+            stream.close()  # the call is over already
         stream.broadcast.listen(stream.wake)
         if onnx:
             self.learner.onnx_feed.subscribe()
@@ -90,8 +116,6 @@ class LearnerService(pb_grpc.LearnerServicer):
             logger.info("relay %s connected", stream.actor_id)
         else:
             logger.info("actor %s connected (index %d)", stream.actor_id, stream.session.record.index)
-        threading.Thread(target=self._read, args=(request_iterator, stream), daemon=True,
-                         name=f"read-{stream.actor_id}").start()
         try:
             version, messages = stream.broadcast.latest()  # one snapshot: Welcome names what follows
             stream.settings_version = self.learner.settings_version
@@ -99,6 +123,9 @@ class LearnerService(pb_grpc.LearnerServicer):
             stream.sent(version)
             if hello.policy_version != version:  # the actor holds it already otherwise
                 yield from messages
+            # Read only now: the reader's acks go out at once, and must not overtake the Welcome.
+            threading.Thread(target=self._read, args=(request_iterator, stream), daemon=True,
+                             name=f"read-{stream.actor_id}").start()
             yield from self._send(stream)
         finally:
             stream.broadcast.unlisten(stream.wake)
@@ -172,8 +199,12 @@ class LearnerService(pb_grpc.LearnerServicer):
         stats, for ``session`` (a relay's actor's: acked by actor_id)."""
         if message.WhichOneof("kind") == "batch":
             inserted = self.learner.ingestion.ingest(session, message.batch, payload)
-            stream.push(pb.LearnerMessage(actor_id=message.actor_id, ack=pb.Ack(
-                seq=message.batch.seq, accepted=True, reason="" if inserted else "duplicate")))
+            ack = pb.LearnerMessage(actor_id=message.actor_id, ack=pb.Ack(
+                seq=message.batch.seq, accepted=True, reason="" if inserted else "duplicate"))
+            if stream.relay:  # behind the Welcomes and Refusals the relay's actors wait for in its outbox
+                stream.push(ack)
+            else:
+                stream.send(ack)
         else:
             self.learner.record_episodes(session, message.episode_stats)
 
