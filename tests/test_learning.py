@@ -24,15 +24,21 @@ logger = logging.getLogger(__name__)
 MAX_SECONDS = 240
 
 
-def run_until(target: float, *args: str) -> dict:
-    """``actorlearner run`` with two actor processes until the evaluated return reaches ``target``."""
+def run(target: float, seconds: float, *args: str) -> tuple[dict, subprocess.CompletedProcess]:
+    """``actorlearner run`` with two actor processes until the evaluated return reaches ``target`` or
+    ``seconds`` pass: its result line, and the finished process."""
     with tempfile.TemporaryDirectory() as run_dir:
         done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--actors", "2", "--seed", "0",
-                               "--target-return", str(target), "--max-seconds", str(MAX_SECONDS), "--run-dir", run_dir,
-                               "--no-plot", *args], capture_output=True, text=True, timeout=MAX_SECONDS + 120, env=CHILD_ENV)
+                               "--target-return", str(target), "--max-seconds", str(seconds), "--run-dir", run_dir,
+                               "--no-plot", *args], capture_output=True, text=True, timeout=seconds + 120, env=CHILD_ENV)
     lines = done.stdout.strip().splitlines()
     assert lines, f"run printed no result (exit {done.returncode}):\n{done.stderr[-3000:]}"
-    result = json.loads(lines[-1])
+    return json.loads(lines[-1]), done
+
+
+def run_until(target: float, *args: str) -> dict:
+    """``actorlearner run`` until the evaluated return reaches ``target``, within MAX_SECONDS."""
+    result, done = run(target, MAX_SECONDS, *args)
     assert done.returncode == 0 and result["solved"] is True and result["eval_return"] >= target, (
         f"exit {done.returncode}, {result}\n{done.stderr[-3000:]}")
     return result
@@ -82,12 +88,7 @@ def test_r2d2_remembers_a_cue_that_feed_forward_dqn_cannot():
 @pytest.mark.learning
 def test_feed_forward_dqn_stays_near_zero_on_the_memory_task():
     """Without memory the best policy is a guess: over 200 evaluation episodes its mean stays near 0 (sd 0.07)."""
-    with tempfile.TemporaryDirectory() as run_dir:
-        done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--actors", "2", "--seed", "0",
-                               "--env", "custom_envs:memory_cue", "--target-return", "0.9", "--max-seconds", "30",
-                               "--eval-episodes", "200", "--run-dir", run_dir, "--no-plot"],
-                              capture_output=True, text=True, timeout=300, env=CHILD_ENV)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result, _ = run(0.9, 30, "--env", "custom_envs:memory_cue", "--eval-episodes", "200")
     assert result["solved"] is False and abs(result["eval_return"]) <= 0.3, result
     assert result["updates"] > 500  # it trained, and still cannot tell the cue
 
@@ -101,12 +102,7 @@ def test_dqn_tells_which_way_a_dot_moves_from_stacked_frames():
 @pytest.mark.learning
 def test_dqn_cannot_tell_which_way_a_dot_moves_from_one_frame():
     """From one frame every policy scores 3 on average (sd 0.17 over 50 episodes), however long it trains."""
-    with tempfile.TemporaryDirectory() as run_dir:
-        done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--actors", "2", "--seed", "0",
-                               "--env", "custom_envs:moving_dot", "--target-return", "5.2", "--max-seconds", "25",
-                               "--eval-episodes", "50", "--run-dir", run_dir, "--no-plot"],
-                              capture_output=True, text=True, timeout=300, env=CHILD_ENV)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result, _ = run(5.2, 25, "--env", "custom_envs:moving_dot", "--eval-episodes", "50")
     assert result["solved"] is False and result["eval_return"] <= 4.0, result
     assert result["updates"] > 400  # it trained longer than the stacked run needs, and still cannot tell
 
