@@ -1,12 +1,12 @@
-"""Atari Pong and Breakout: DQN's greedy eval return against frames and wall time, over seeds,
+"""Atari Pong and Breakout: DQN's eval return against frames and wall time, over seeds,
 beside Dopamine's published DQN curve at the same frame counts.
 
 Runs ``python -m actorlearner run`` once per game and seed (`curves.run_seeds`) up to ``--frames``
 emulator frames (env steps x 4: one agent step is 4 frames) or ``--max-seconds``. The games are
 ALE v5 with the standard preprocessing (`actorlearner.envs.atari`: 1-30 noop starts, frame skip
 4 with max-pooling, 84x84 grey, sticky actions 0.25, no life-loss episodes, rewards clipped to
-their sign for training only) and ``--frame-stack 4``; the learner's evaluator plays greedy
-whole games and reports the raw score. Writes ``atari.json`` (every run's progress points),
+their sign for training only) and ``--frame-stack 4``; the learner's evaluator plays whole
+games at epsilon 0.001 and reports the raw score. Writes ``atari.json`` (every run's progress points),
 ``atari.csv`` (game, seed, wall seconds, env steps, frames, eval return), one PNG per game and a
 table on stdout.
 
@@ -16,15 +16,17 @@ dqn_atari), 3-step returns (Ape-X), batch 32 at 8 samples per insert (one batch 
 steps, Nature DQN's replay ratio), a hard target update every 2,000 updates (8,000 agent steps =
 32,000 frames, Dopamine's), training from 20,000 stored transitions (Dopamine's 80,000 frames), a
 100k-transition prioritized replay (smaller than the papers' 1M so that the learner fits a
-laptop and learns early), and 2 actors with Ape-X epsilons 0.4 and 0.4**4 = 0.026.
+laptop and learns early), 2 actors with Ape-X epsilons 0.4 and 0.4**4 = 0.026, and evaluations at
+epsilon 0.001 (Dopamine's; a greedy Breakout policy that never presses FIRE would stall a game for
+27,000 steps).
 
 Reference: Dopamine's DQN baseline (Castro et al. 2018, arXiv:1812.06110; sticky actions 0.25,
 RMSProp lr 2.5e-4, 1M replay, training epsilon 0.01), from
 github.com/google/dopamine ``baselines/atari/data/{pong,breakout}.json``: the mean return of the
 training episodes in each iteration of 1M frames, for DQN runs 1, 2 and 4 of that file
 (``DOPAMINE``, iterations 0-9, plotted at the end of each iteration). Dopamine's figures are
-training returns with epsilon 0.01; ours are greedy evaluations, so they are close but not the
-same statistic.
+training returns with epsilon 0.01; ours are evaluations at epsilon 0.001, so they are close but
+not the same statistic.
 
     python benchmarks/bench_atari.py --games pong,breakout --seeds 0,1,2 --frames 10000000 \\
         --max-seconds 36000 --out benchmarks/atari
@@ -50,7 +52,7 @@ DQN_FLAGS = ["--frame-stack", "4", "--actors", "2", "--num-envs", "4", "--dqn-hi
              "--dqn-epsilon-base", "0.4", "--dqn-epsilon-alpha", "3", "--batch-size", "32",
              "--samples-per-insert", "8", "--replay-capacity", "100000", "--min-replay-size", "20000",
              "--publish-every", "50", "--eval-every", "300", "--eval-episodes", "8", "--eval-envs", "8",
-             "--checkpoint-every", "1800"]
+             "--eval-exploration", "0.001", "--checkpoint-every", "1800"]
 """The `run` flags of every run (see the module docstring)."""
 
 DOPAMINE_FRAMES_PER_ITERATION = 1_000_000
@@ -112,7 +114,7 @@ def plot(game: str, runs: list[dict], path: Path) -> None:
     by_frames.plot(*zip(*reference), "k--o", markersize=3, label="Dopamine DQN (mean of 3 runs, training return)")
     by_frames.set_xlabel("frames (env steps x 4, all actors)")
     by_time.set_xlabel("wall seconds")
-    by_frames.set_ylabel("eval return (greedy, raw score)")
+    by_frames.set_ylabel("eval return (epsilon 0.001, raw score)")
     for ax in (by_frames, by_time):
         ax.set_xlim(0, None)
         ax.grid(True, alpha=0.3)

@@ -84,6 +84,8 @@ class LearnerConfig:
     """Seconds between greedy evaluations on the learner; 0 disables them."""
     eval_episodes: int = 20
     """Episodes per evaluation."""
+    eval_exploration: float = 0.0
+    """The algorithm's exploration in evaluations (DQN's epsilon); 0 is greedy. A little (0.001, as Atari's DQN baselines use) ends games a greedy policy would stall, such as Breakout waiting for FIRE."""
     eval_envs: int = 10
     """Environments the evaluation episodes are spread over."""
     logdir: str = ""

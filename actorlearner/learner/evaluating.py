@@ -42,7 +42,8 @@ class Evaluation:
         seed = c.seed + 10_000 * self.evaluations
         result = self.roles.evaluate(policy, seed, self.ingestion.env_steps)
         if result is None:
-            result = evaluate(lambda obs: policy.act(obs, 0.0), lambda: make_env(c.env, c.security, frame_stack=c.frame_stack), c.eval_episodes,
+            result = evaluate(lambda obs: policy.act(obs, c.eval_exploration),
+                              lambda: make_env(c.env, c.security, frame_stack=c.frame_stack), c.eval_episodes,
                               c.eval_envs, seed, policy.reset_memory)
         self.evaluations += 1
         self.mean = result.mean
