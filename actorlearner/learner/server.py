@@ -30,26 +30,33 @@ Python client drops messages it has not read when the stream's status arrives: w
 a Python actor could miss the Shutdown."""
 
 
+class LockedSend:
+    """gRPC's ``send_response`` for one non-blocking call, one send at a time: a message, or None for
+    the status. Each call returns once gRPC has taken the message."""
+
+    def __init__(self, send_response):
+        self._send_response = send_response
+        self._lock = threading.Lock()
+
+    def __call__(self, message: pb.LearnerMessage | bytes | None) -> None:
+        with self._lock:
+            self._send_response(message)
+
+
 class LearnerServedStream(ServedStream):
     """One Connect stream into the learner: the actor's ``session`` with the learner (a relay's own,
     for a relay's stream), the policy broadcast it follows, and what the learner sent on it."""
 
-    def __init__(self, session: ActorSession, broadcast: PolicyBroadcast):
+    def __init__(self, session: ActorSession, broadcast: PolicyBroadcast, send: LockedSend):
         super().__init__(session.record.actor_id, session.record.relay)
         self.session = session
         self.broadcast = broadcast
+        self.send = send  # a message out now, from any thread: the sender's, or the reader's acks
         self.settings_version = -1  # the learner's settings_version of the last Welcome sent
         self.children: dict[str, ActorSession] = {}  # a relay's actors, by id; under cond
         self.refused: set[str] = set()  # a relay's actors refused since they last joined; under cond
         self.league_revision = 0  # the league's revision last sent (self-play)
         self.snapshots_sent: set[str] = set()  # league snapshots whose weights went out on this stream
-        self.transmit = None  # gRPC's send_response for this call: one message, None for the status
-        self._send_lock = threading.Lock()  # one send at a time: the stream's sender and its reader's acks
-
-    def send(self, message: pb.LearnerMessage | bytes | None) -> None:
-        """Send ``message`` now (None: end the call with its status), from whichever thread."""
-        with self._send_lock:
-            self.transmit(message)
 
     def sent(self, version: int) -> None:
         """``version`` goes out next; a relay's status shows it as the version the relay holds."""
@@ -80,22 +87,15 @@ class LearnerService(pb_grpc.LearnerServicer):
         Non-blocking (gRPC's ``experimental_non_blocking``): this thread sends what :meth:`_serve` yields
         and the status, and the stream's reader sends each ack itself, without a hand-off between threads.
         """
+        send = LockedSend(send_response)
         with self._cap.slot(context):
-            stream = None
-            for item in self._serve(parsed(request_iterator), context, send_response):
-                if isinstance(item, LearnerServedStream):
-                    stream = item
-                else:
-                    stream.send(item)
-        if stream is None:
-            send_response(None)  # the status: the stream ended before its Hello
-        else:
-            stream.send(None)
+            for message in self._serve(parsed(request_iterator), context, send):
+                send(message)
+        send(None)  # the status: OK (a refusal or an error aborts instead, and gRPC sends that)
 
     Connect.experimental_non_blocking = True
 
-    def _serve(self, request_iterator, context, send_response):
-        """Yields the stream (first) and then every message its sender sends."""
+    def _serve(self, request_iterator, context, send: LockedSend):
         hello = read_hello(request_iterator, context, self.learner.config.hello_timeout)
         if hello is None:
             return
@@ -104,9 +104,7 @@ class LearnerService(pb_grpc.LearnerServicer):
             context.abort(getattr(grpc.StatusCode, refusal.code), refusal.reason)
         onnx = hello.policy_format == ONNX_FORMAT
         stream = LearnerServedStream(self.learner.connect(hello),
-                                      self.learner.onnx_feed.broadcast if onnx else self.learner.broadcast)
-        stream.transmit = send_response
-        yield stream
+                                      self.learner.onnx_feed.broadcast if onnx else self.learner.broadcast, send)
         if not context.add_callback(stream.close):
             stream.close()  # the call is over already
         stream.broadcast.listen(stream.wake)
