@@ -30,7 +30,7 @@ def test_two_actors_train_and_both_end_on_the_newest_version(tmp_path):
     try:
         first = wait_until(lambda: (s := status(port)).policy_version >= 2 and s, 90, "a few versions")
         final = wait_until(lambda: (s := status(port)).updates >= 100 and s, 90, "training to reach max_updates")
-        assert final.policy_version > first.policy_version >= 2
+        assert final.policy_version >= first.policy_version >= 2  # the first poll may come after training ended
         assert final.policy_version == 100 // 5
         # Lag shows per actor, and both actors catch up with the newest version.
         wait_until(lambda: {v[:2] for v in actor_versions(port).values()} == {(final.policy_version, 0)}, 60,
