@@ -6,6 +6,7 @@ sampling gathers one row per item (one memory access instead of one per field).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import numpy as np
@@ -28,6 +29,7 @@ def row_layout(fields: Mapping[str, FieldSpec]) -> tuple[Layout, int]:
     return layout, -(-offset // 8) * 8
 
 
+@functools.cache
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     """The numpy dtype that holds the same values as torch's ``dtype``."""
     return torch.empty(0, dtype=dtype).numpy().dtype
