@@ -108,7 +108,7 @@ def test_dqn_cannot_tell_which_way_a_dot_moves_from_one_frame():
 
 
 @pytest.mark.learning
-def test_two_data_parallel_learners_with_two_actors_each_solve_cartpole():
+def test_two_data_parallel_learners_with_an_actor_each_solve_cartpole():
     """Rank 0 evaluates; each rank's updates per second are logged (compare a single learner's in the tests above)."""
     budget = 600
     address = f"127.0.0.1:{free_port()}"
@@ -116,8 +116,9 @@ def test_two_data_parallel_learners_with_two_actors_each_solve_cartpole():
     actors = []
     try:
         ports = [listening_port(proc) for proc in learners]
-        actors = [start_actor(port, f"rank{rank}-actor{i}", "--num-envs", "4", "--seed", str(10 * rank + i))
-                  for rank, port in enumerate(ports) for i in range(2)]
+        # One actor a rank: four processes, not six, share the suite's two busy cores.
+        actors = [start_actor(port, f"rank{rank}-actor", "--num-envs", "4", "--seed", str(10 * rank))
+                  for rank, port in enumerate(ports)]
         start = time.monotonic()
 
         def solved():
