@@ -40,6 +40,10 @@ class TrainedPolicy:
     updates: int | None
     """The trainer's update count in the checkpoint (its ``num_updates``), if it keeps one."""
 
+    def make_env(self, render_mode: str | None = None):
+        """An env it was trained on, frames stacked as they were."""
+        return make_env(self.env, render_mode=render_mode, frame_stack=self.frame_stack)
+
 
 def load_trained(path: str | os.PathLike[str], env: str = "") -> TrainedPolicy:
     """The policy of the checkpoint at ``path``: a run directory (its ``checkpoints/``), a checkpoint
@@ -83,15 +87,14 @@ def play_trained(trained: TrainedPolicy, opponents: list[str], games: int, num_e
     from actorlearner.league.evaluation import play_games, scripted
 
     spaces = (trained.observation_space, trained.action_space)
-    return [(name, *play_games(trained.policy, lambda: make_env(trained.env, frame_stack=trained.frame_stack), scripted(name, spaces, seed), games,
+    return [(name, *play_games(trained.policy, trained.make_env, scripted(name, spaces, seed), games,
                                num_envs, seed)) for name in opponents]
 
 
 def evaluate_trained(trained: TrainedPolicy, episodes: int, num_envs: int, seed: int) -> EvalResult:
     """Greedy episodes of a trained policy, spread evenly over ``num_envs`` envs."""
     policy = trained.policy
-    return evaluate(lambda obs: policy.act(obs, 0.0), lambda: make_env(trained.env, frame_stack=trained.frame_stack), episodes, num_envs, seed,
-                    policy.reset_memory)
+    return evaluate(lambda obs: policy.act(obs, 0.0), trained.make_env, episodes, num_envs, seed, policy.reset_memory)
 
 
 def record_trained(trained: TrainedPolicy, episodes: int, num_envs: int, seed: int,
@@ -115,6 +118,6 @@ def record_trained(trained: TrainedPolicy, episodes: int, num_envs: int, seed: i
                                             name_prefix=f"env-{i}")
 
     policy = trained.policy
-    result = evaluate(lambda obs: policy.act(obs, 0.0), lambda: make_env(trained.env, render_mode="rgb_array", frame_stack=trained.frame_stack),
+    result = evaluate(lambda obs: policy.act(obs, 0.0), lambda: trained.make_env("rgb_array"),
                       episodes, num_envs, seed, policy.reset_memory, recorder)
     return result, [folder / f"env-{i}-episode-{j}.mp4" for i, count in enumerate(recorded) for j in range(count)]

@@ -3,8 +3,10 @@ algorithm assembles items of ids, and each batch (one env's items) carries the f
 
 Ids are actor-local: env ``e``'s ``f``-th frame (from 1) is ``f * num_envs + e``, so an id names its
 env and an env's ids rise. Ids below ``num_envs`` are padding (an assembler fills the steps after an
-episode's end in a sequence with zeros): they stand for a frame of zeros, as padded stacks hold. A batch holds the items of one env only, so that its frames overlap: a batch of
-``b`` n-step transitions carries ``b + n + K - 1`` frames, not ``2 K b``.
+episode's end in a sequence with zeros): they stand for a frame of zeros, as padded stacks hold.
+
+A batch holds the items of one env only, so that its frames overlap: a batch of ``b`` n-step
+transitions carries ``b + n + K - 1`` frames, not ``2 K b``.
 """
 
 from __future__ import annotations
