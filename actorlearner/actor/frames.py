@@ -77,19 +77,16 @@ class FramePending:
         self.ids, self.layout = ids, layout
         self._queues = [PendingTransitions() for _ in range(ids.num_envs)]
 
-    @property
-    def count(self) -> int:
-        return sum(q.count for q in self._queues)
-
     def add(self, block: Block | None, version: int) -> None:
         """Queue a block of items (of any envs) under each item's env."""
         if block is None or not rows(block):
             return
         envs = block[self.layout.refs[0]].reshape(rows(block), -1).max(axis=1) % self.ids.num_envs
         for env in np.unique(envs).tolist():
-            mine = envs == env
+            mine, first = envs == env, self._queues[env].first is None
             self._queues[env].add({name: column[mine] for name, column in block.items()}, version)
-            self._update_floor(env)
+            if first:  # the floor is the oldest pending block's: it changes only when that block does
+                self._update_floor(env)
 
     def ready(self, size: int, everything: bool = False) -> bool:
         return any(q.ready(size, everything) for q in self._queues)

@@ -41,8 +41,8 @@ class Ingest:
                  replay: PrioritizedReplay, replay_lock: threading.Lock, limiter: RateLimiter,
                  registry: ActorRegistry, roles: Roles, telemetry_writer: telemetry.Telemetry,
                  stopping: threading.Event, current_version: Callable[[], int]):
-        self.fields, self.max_message_bytes = fields, max_message_bytes
-        self._wire_fields = {name: (tuple(shape), wire.np_dtype(dtype)) for name, (shape, dtype) in fields.items()}
+        self.fields = {name: (tuple(shape), wire.np_dtype(dtype)) for name, (shape, dtype) in fields.items()}
+        self.max_message_bytes = max_message_bytes
         self.replay, self.replay_lock, self.limiter = replay, replay_lock, limiter
         self.registry, self.roles, self.telemetry = registry, roles, telemetry_writer
         self.stopping, self.current_version = stopping, current_version
@@ -75,7 +75,7 @@ class Ingest:
                                  f"the actor's Hello knows), got {batch.policy_version}")
         n = batch.num_transitions
         self.roles.check_batch(batch)
-        arrays = wire.decode_batch(batch.payload if payload is None else payload, batch.codec, self._wire_fields, n,
+        arrays = wire.decode_batch(batch.payload if payload is None else payload, batch.codec, self.fields, n,
                                    self.max_message_bytes)
         priorities = wire.decode_priorities(batch.priorities, n)
         self._acquire_insert(session, n)
