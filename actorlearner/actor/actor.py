@@ -17,6 +17,7 @@ from actorlearner import specs, wire
 from actorlearner.actor.batching import PendingTransitions, rows
 from actorlearner.actor.frames import FrameIds, FramePending
 from actorlearner.actor.link import AppliedWelcome, LearnerLink, SettingsError, policy_key
+from actorlearner.actor.profile import StepProfile
 from actorlearner.algorithms import AlgorithmSpec, Policy, TransitionAssembler, make_spec
 from actorlearner.config import ActorConfig
 from actorlearner.envs import make_env, make_vector_env
@@ -86,6 +87,7 @@ class Actor:
         self._seq = self._first_seq()
         self.env_steps = 0
         self.steps_meter = RateMeter()
+        self.profile = StepProfile()
         self.last_return = float("nan")
         self.batches_sent = 0
         self.stop_event = threading.Event()
@@ -122,7 +124,10 @@ class Actor:
             self.link.flush(timeout=5.0)
             self.link.close()
             self.envs.close()
-            logger.info("unacked window peak %d of %d batches", self.link.peak_unacked, self.link.max_unacked)
+            logger.info("unacked window peak %d of %d batches; env loop: %s", self.link.peak_unacked,
+                        self.link.max_unacked, self.profile.summary())
+            if self.config.profile_file:
+                self.profile.write(self.config.profile_file)
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -137,6 +142,8 @@ class Actor:
             Metric("policy_version", "Policy version this actor runs.", self.policy_version),
             Metric("connected", "1 while the stream to the learner is up.", float(self.link.connected)),
             Metric("episode_return", "Return of the last finished episode (NaN before any).", self.last_return),
+            Metric("actor_loop_seconds_total", "Seconds of the env loop by section.", dict(self.profile.seconds),
+                   counter=True, label="section"),
         ]
 
     def _build_policy(self, welcome: pb.Welcome) -> Policy:
@@ -237,20 +244,28 @@ class Actor:
         was_done = np.zeros(num_envs, bool)
         done_returns, done_lengths, steps_since_stats = [], [], 0
         last_stats = time.monotonic()
+        profile = self.profile
         obs = None  # reset once there are weights: a self-play env draws its first opponents then
         while not self.stop_event.is_set() and not (max_env_steps and self.env_steps >= max_env_steps):
             if self.link.error:
                 raise self.link.error
             if not self._follow_learner():
+                profile.mark("weights")
                 self.stop_event.wait(0.05)  # a new network waits for its first weights
+                profile.mark("wait_weights")
                 continue
+            profile.mark("weights")
             if obs is None:
                 obs, _ = self.envs.reset(seed=self.config.seed)
                 ids = self._frame_ids(obs, np.ones(num_envs, bool))
+                profile.mark("env")
             actions = self.policy.act(obs, self.exploration)
+            profile.mark("act")
             next_obs, rewards, terminated, truncated, _ = self.envs.step(actions)
+            profile.mark("env")
             real = ~was_done  # with next-step autoreset, a step after an episode end is a reset
             self.env_steps += int(real.sum())
+            profile.env_steps = self.env_steps
             self.steps_meter.add(int(real.sum()))
             steps_since_stats += int(real.sum())
             returns += np.where(real, rewards, 0.0)
@@ -267,12 +282,14 @@ class Actor:
             if not real.all():
                 self.policy.reset_memory(~real)  # autoreset envs begin episodes: a recurrent policy forgets
             obs, ids = next_obs, next_ids
+            profile.mark("assemble")
             self._send_batches(self.session.settings)
             if time.monotonic() - last_stats >= self.config.stats_every:
                 self.link.send_stats(pb.EpisodeStats(returns=done_returns, lengths=done_lengths,
                                                      env_steps=steps_since_stats, policy_version=self.policy_version))
                 done_returns, done_lengths, steps_since_stats = [], [], 0
                 last_stats = time.monotonic()
+            profile.mark("send")
         if steps_since_stats or done_returns:
             self.link.send_stats(pb.EpisodeStats(returns=done_returns, lengths=done_lengths,
                                                  env_steps=steps_since_stats, policy_version=self.policy_version))
@@ -296,6 +313,7 @@ class Actor:
         codec = wire.Codec.parse(settings.codec)
         while self.pending.ready(settings.batch_size, everything):
             batch, version = self.pending.take(settings.batch_size)  # version: the oldest that made any of it
+            self.profile.mark("assemble")
             self._send(batch, self._seq, version, codec, settings.actor_priorities)
             self._seq += 1
 
@@ -309,6 +327,7 @@ class Actor:
                                                          torch.from_numpy(batch[wire.FRAMES])))
             computed = self.policy.initial_priorities(tensors)
             priorities = [] if computed is None else computed.tolist()
+            self.profile.mark("priorities")
         games = [pb.GameResult(opponent=g.opponent, outcome=OUTCOME_CODES[g.outcome], seat=g.seat, length=g.length)
                  for g in self._games]
         opponents = sorted(self._opponents)
@@ -317,10 +336,16 @@ class Actor:
             if self.pool is not None else set()
         message = wire.encode_batch_message(seq, version, rows(batch), wire.encode_batch(batch, codec),
                                             codec, priorities, games, opponents)
-        while not self.link.send_batch(seq, message, timeout=0.5, policy_version=version):
-            if self.stop_event.is_set():
-                return
-        self.batches_sent += 1
+        self.profile.mark("encode")
+        waited = self.link.waited
+        try:
+            while not self.link.send_batch(seq, message, timeout=0.5, policy_version=version):
+                if self.stop_event.is_set():
+                    return
+            self.batches_sent += 1
+        finally:
+            self.profile.mark("send")
+            self.profile.move(self.link.waited - waited, "send", "wait_acks")
 
 
 def _reshapes_batches(previous: AppliedWelcome, session: AppliedWelcome) -> bool:

@@ -108,6 +108,7 @@ class LearnerLink(Reconnecting):
         self.error: LinkError | None = None
         self.welcomes = 0  # Welcomes received, over all streams
         self.peak_unacked = 0  # the most batches the window ever held
+        self.waited = 0.0  # seconds send_batch spent waiting for room in the window
         self._unacked: OrderedDict[int, tuple[bytes, int]] = OrderedDict()  # seq -> (message, policy version)
         self._lock = threading.Condition()
         self._requests: queue.Queue | None = None
@@ -137,7 +138,9 @@ class LearnerLink(Reconnecting):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
+                waiting_since = time.perf_counter()
                 self._lock.wait(0.2 if remaining is None else min(remaining, 0.2))
+                self.waited += time.perf_counter() - waiting_since
             self._raise_if_failed()
             self._unacked[seq] = (message, policy_version)
             self.peak_unacked = max(self.peak_unacked, len(self._unacked))

@@ -25,6 +25,8 @@ class ActorConfig:
     """Vector env: sync (one process) or async (a subprocess per env)."""
     seed: int = 0
     """Seeds the envs and exploration."""
+    profile_file: str = ""
+    """Write where the env loop's time went (JSON: microseconds per env step by section) to this file on exit."""
     stats_every: float = 1.0
     """Seconds between episode statistics reports."""
     reconnect_initial: float = 0.1
