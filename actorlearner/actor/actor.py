@@ -15,10 +15,11 @@ import torch
 
 from actorlearner import specs, wire
 from actorlearner.actor.batching import PendingTransitions, rows
+from actorlearner.actor.episodes import EpisodeTally
 from actorlearner.actor.frames import FrameIds, FramePending
 from actorlearner.actor.link import AppliedWelcome, LearnerLink, SettingsError, policy_key
 from actorlearner.actor.profile import StepProfile
-from actorlearner.algorithms import AlgorithmSpec, Policy, TransitionAssembler, make_spec
+from actorlearner.algorithms import PRIORITY, AlgorithmSpec, Policy, TransitionAssembler, make_spec
 from actorlearner.config import ActorConfig
 from actorlearner.envs import make_env, make_vector_env
 from actorlearner.envs.multiagent import is_multi_agent, shared_spaces
@@ -88,7 +89,7 @@ class Actor:
         self.env_steps = 0
         self.steps_meter = RateMeter()
         self.profile = StepProfile()
-        self.last_return = float("nan")
+        self.episodes = EpisodeTally(config.num_envs)
         self.batches_sent = 0
         self.stop_event = threading.Event()
 
@@ -141,7 +142,7 @@ class Actor:
             Metric("unacked_batches", "Batches sent and not yet acknowledged.", self.link.unacked),
             Metric("policy_version", "Policy version this actor runs.", self.policy_version),
             Metric("connected", "1 while the stream to the learner is up.", float(self.link.connected)),
-            Metric("episode_return", "Return of the last finished episode (NaN before any).", self.last_return),
+            Metric("episode_return", "Return of the last finished episode (NaN before any).", self.episodes.last_return),
             Metric("actor_loop_seconds_total", "Seconds of the env loop by section.", dict(self.profile.seconds),
                    counter=True, label="section"),
         ]
@@ -240,9 +241,7 @@ class Actor:
 
     def _loop(self, max_env_steps: int) -> None:
         num_envs = self.config.num_envs
-        returns, lengths = np.zeros(num_envs), np.zeros(num_envs, np.int64)
-        was_done = np.zeros(num_envs, bool)
-        done_returns, done_lengths, steps_since_stats = [], [], 0
+        episodes = self.episodes
         last_stats = time.monotonic()
         profile = self.profile
         obs = None  # reset once there are weights: a self-play env draws its first opponents then
@@ -259,40 +258,34 @@ class Actor:
                 obs, _ = self.envs.reset(seed=self.config.seed)
                 ids = self._frame_ids(obs, np.ones(num_envs, bool))
                 profile.mark("env")
-            actions = self.policy.act(obs, self.exploration)
+            actions, acted = self.policy.act_values(obs, self.exploration)
             profile.mark("act")
             next_obs, rewards, terminated, truncated, _ = self.envs.step(actions)
             profile.mark("env")
-            real = ~was_done  # with next-step autoreset, a step after an episode end is a reset
-            self.env_steps += int(real.sum())
+            steps, resets = episodes.step(rewards, terminated, truncated)
+            self.env_steps += steps
             profile.env_steps = self.env_steps
-            self.steps_meter.add(int(real.sum()))
-            steps_since_stats += int(real.sum())
-            returns += np.where(real, rewards, 0.0)
-            lengths += real
-            done = (terminated | truncated) & real
-            for i in np.flatnonzero(done):
-                done_returns.append(float(returns[i]))
-                done_lengths.append(int(lengths[i]))
-                self.last_return = done_returns[-1]
-            returns[done], lengths[done] = 0.0, 0
-            was_done = done
-            next_ids = self._frame_ids(next_obs, ~real)
-            self._collect(self.assembler.push(ids, actions, rewards, terminated, truncated, next_ids))
-            if not real.all():
-                self.policy.reset_memory(~real)  # autoreset envs begin episodes: a recurrent policy forgets
+            self.steps_meter.add(steps)
+            next_ids = self._frame_ids(next_obs, resets)
+            pushed = (ids, actions, rewards, terminated, truncated, next_ids)
+            self._collect(self.assembler.push(*pushed) if acted is None else self.assembler.push(*pushed, acted=acted))
+            if steps < num_envs:
+                self.policy.reset_memory(resets)  # autoreset envs begin episodes: a recurrent policy forgets
             obs, ids = next_obs, next_ids
             profile.mark("assemble")
             self._send_batches(self.session.settings)
             if time.monotonic() - last_stats >= self.config.stats_every:
-                self.link.send_stats(pb.EpisodeStats(returns=done_returns, lengths=done_lengths,
-                                                     env_steps=steps_since_stats, policy_version=self.policy_version))
-                done_returns, done_lengths, steps_since_stats = [], [], 0
+                self._send_stats()
                 last_stats = time.monotonic()
             profile.mark("send")
-        if steps_since_stats or done_returns:
-            self.link.send_stats(pb.EpisodeStats(returns=done_returns, lengths=done_lengths,
-                                                 env_steps=steps_since_stats, policy_version=self.policy_version))
+        if episodes.steps or episodes.finished_returns:
+            self._send_stats()
+
+    def _send_stats(self) -> None:
+        """Report the episodes finished and env steps taken since the last report."""
+        returns, lengths, steps = self.episodes.take()
+        self.link.send_stats(pb.EpisodeStats(returns=returns, lengths=lengths, env_steps=steps,
+                                             policy_version=self.policy_version))
 
     def _first_seq(self) -> int:
         """Seqs must rise across restarts of this actor id: start from the wall clock in microseconds."""
@@ -317,17 +310,28 @@ class Actor:
             self._send(batch, self._seq, version, codec, settings.actor_priorities)
             self._seq += 1
 
+    def _priorities(self, batch: dict[str, np.ndarray], assembled: np.ndarray | None) -> np.ndarray:
+        """The batch's initial priorities: those the assembler gave, the policy's for the rest (NaN or all);
+        empty when neither gives any (the learner then uses its maximum)."""
+        missing = np.ones(rows(batch), bool) if assembled is None else np.isnan(assembled)
+        if not missing.any():
+            return assembled
+        tensors = {k: torch.from_numpy(v[missing]) for k, v in batch.items() if k != wire.FRAMES}
+        if self.frame_layout is not None:  # the algorithm computes on the stacks
+            tensors.update(self.frame_layout.stacked({k: tensors[k] for k in self.frame_layout.refs},
+                                                     torch.from_numpy(batch[wire.FRAMES])))
+        computed = self.policy.initial_priorities(tensors)
+        if computed is None:
+            return np.zeros(0, np.float32)
+        priorities = np.empty(rows(batch), np.float32) if assembled is None else assembled.copy()
+        priorities[missing] = computed.numpy()
+        return priorities
+
     def _send(self, batch: dict[str, np.ndarray], seq: int, version: int, codec: wire.Codec,
               with_priorities: bool) -> None:
-        priorities = []
-        if with_priorities:
-            tensors = {k: torch.from_numpy(v) for k, v in batch.items() if k != wire.FRAMES}
-            if self.frame_layout is not None:  # the algorithm computes on the stacks
-                tensors.update(self.frame_layout.stacked({k: tensors[k] for k in self.frame_layout.refs},
-                                                         torch.from_numpy(batch[wire.FRAMES])))
-            computed = self.policy.initial_priorities(tensors)
-            priorities = [] if computed is None else computed.tolist()
-            self.profile.mark("priorities")
+        assembled = batch.pop(PRIORITY, None)
+        priorities = self._priorities(batch, assembled).tolist() if with_priorities else []
+        self.profile.mark("priorities")
         games = [pb.GameResult(opponent=g.opponent, outcome=OUTCOME_CODES[g.outcome], seat=g.seat, length=g.length)
                  for g in self._games]
         opponents = sorted(self._opponents)

@@ -4,6 +4,7 @@ from actorlearner.algorithms.base import (
            RUNTIME,
            AlgorithmSpec,
            ClassPartsSpec,
+           PRIORITY,
            FlatState,
            Policy,
            SampleLike,
@@ -20,6 +21,6 @@ from actorlearner.algorithms.registry import (
            resolve,
 )
 
-__all__ = ["RUNTIME", "AlgorithmError", "AlgorithmSpec", "ClassPartsSpec", "FlatState", "Policy", "SampleLike", "Trainer",
+__all__ = ["PRIORITY", "RUNTIME", "AlgorithmError", "AlgorithmSpec", "ClassPartsSpec", "FlatState", "Policy", "SampleLike", "Trainer",
            "TransitionAssembler", "TransitionFields", "config_json", "fixed_config_json", "make_config", "make_spec",
            "resolve"]

@@ -36,8 +36,19 @@ class SampleLike(Protocol):
     data: Mapping[str, Tensor]
 
 
+PRIORITY = "@priority"
+"""An assembler's items may carry their initial replay priority [B] under this key (not a field): the
+actor sends it beside the batch. NaN marks one the assembler could not value (the policy's
+`initial_priorities` values those)."""
+
+
 class TransitionAssembler(Protocol):
-    """Actor side: turns vector-env steps into replay items (n-step transitions today)."""
+    """Actor side: turns vector-env steps into replay items (n-step transitions today).
+
+    When the policy's `act_values` returns something besides the actions, the actor passes it
+    to ``push`` as ``acted`` (e.g. the Q values an Ape-X priority needs, so that no second
+    forward pass is made).
+    """
 
     def push(self, obs: Any, action: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
              truncated: np.ndarray, next_obs: Any) -> dict[str, np.ndarray] | None:
@@ -125,6 +136,11 @@ class Policy(ABC):
     @abstractmethod
     def act(self, obs: Any, exploration: Any) -> np.ndarray:
         """Actions for a batch of observations as the vector env returns them; exploration 0 is greedy."""
+
+    def act_values(self, obs: Any, exploration: Any) -> tuple[np.ndarray, Any]:
+        """`act`'s actions, and what acting computed that the algorithm's assembler takes as ``push(...,
+        acted=)``; None (the default) passes nothing."""
+        return self.act(obs, exploration), None
 
     def initial_priorities(self, fields: Mapping[str, Tensor]) -> Tensor | None:
         """Replay priorities [B] for freshly collected items (Ape-X actor side); None (the default)

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from actorlearner.algorithms.apex import ApeXPolicy, ApeXSpec, ApeXTrainer
 from actorlearner.algorithms.base import (
+    PRIORITY,
     RUNTIME,
     Policy,
     SampleLike,
@@ -38,9 +39,9 @@ from actorlearner.networks import (
     ObservationEncoder,
     action_mask_key,
     field_name,
-    leaf_arrays,
     mask_q,
 )
+from actorlearner.networks.leaves import leaf_splitter
 
 
 @dataclass
@@ -133,13 +134,21 @@ class QNetwork(nn.Module):
 class DQNPolicy(ApeXPolicy):
     """Epsilon-greedy on the online Q network; Ape-X initial priorities from it alone."""
 
-    @torch.no_grad()
+    def __init__(self, spec: DQN, *, device: str | torch.device = "cpu", seed: int = 0):
+        super().__init__(spec, device=device, seed=seed)
+        self._split = leaf_splitter(spec.observation_space)
+
     def act(self, obs: Any, exploration: np.ndarray | float) -> np.ndarray:
         """Epsilon-greedy actions (all branches random together) in the env's action values."""
-        leaves = {key: torch.as_tensor(array, device=self.device)
-                  for key, array in leaf_arrays(self.spec.observation_space, obs).items()}
+        return self.act_values(obs, exploration)[0]
+
+    @torch.no_grad()
+    def act_values(self, obs: Any, exploration: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+        """`act`'s actions and the Q values [E, D, N] they were chosen on (for `ApeXNStepAssembler`)."""
+        leaves = {key: torch.as_tensor(array, device=self.device) for key, array in self._split(obs).items()}
         legal = leaves[self.online.mask_key] if self.online.mask_key else None
-        return self.epsilon_greedy(self.online(leaves).argmax(dim=-1).cpu().numpy(), exploration, legal)
+        q = self.online(leaves).cpu().numpy()
+        return self.epsilon_greedy(q.argmax(axis=-1), exploration, legal), q
 
     @torch.no_grad()
     def initial_priorities(self, fields: Mapping[str, Tensor]) -> Tensor:
@@ -177,6 +186,65 @@ class DQNTrainer(ApeXTrainer):
         return td_abs + self.knobs.priority_eps, metrics
 
 
+class ApeXNStepAssembler(NStepAssembler):
+    """DQN's n-step transitions, each with its Ape-X initial priority (under `PRIORITY`) when ``push`` gets
+    the Q values acting chose on (``acted``): |TD| + eps as `DQNPolicy.initial_priorities` gives it,
+    without a second forward pass.
+
+    A transition's bootstrap value is that of the observation the policy acts on next (with
+    next-step autoreset an episode's final one too), so transitions come out one push later.
+    `flush` cannot value that observation: its transitions' priorities are NaN, for the policy.
+    """
+
+    _ENV, _Q_TAKEN = "@env", "@q_taken"  # what a window carries until its priority is known
+
+    def __init__(self, spec: DQN, num_envs: int, policy: Policy):
+        super().__init__(num_envs, spec.config.n_step, spec.config.gamma, spec.observation_space,
+                         spec.branches.shape, np.int64)
+        self.policy = policy
+        self._starts = np.asarray(spec.branches.starts, np.int64)
+        self._q_taken = np.zeros((num_envs, spec.config.n_step, len(spec.branches.sizes)), np.float32)
+        self._waiting: dict[str, np.ndarray] | None = None  # emitted by the last push, not yet valued
+        self._acted: bool | None = None  # whether pushes come with Q values (decided by the first)
+
+    def push(self, obs, action: np.ndarray, reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
+             next_obs, acted: np.ndarray | None = None) -> dict[str, np.ndarray] | None:
+        """As `NStepAssembler.push`; with ``acted`` (Q values [E, D, N] of ``obs``) the transitions of the
+        previous push come out, valued."""
+        if self._acted is None:
+            self._acted = acted is not None
+        if self._acted != (acted is not None):
+            raise ValueError("push gets the Q values acting chose on every time or never")
+        if acted is None:
+            return super().push(obs, action, reward, terminated, truncated, next_obs)
+        indices = np.asarray(action).reshape(self.num_envs, -1) - self._starts
+        self._q_taken[:, self._step % self.n_step] = np.take_along_axis(acted, indices[..., None], -1)[..., 0]
+        valued = self._valued(acted.max(axis=-1).mean(axis=-1))
+        self._waiting = super().push(obs, action, reward, terminated, truncated, next_obs)
+        return valued
+
+    def flush(self) -> dict[str, np.ndarray] | None:
+        """Everything pending, as `NStepAssembler.flush`, priorities NaN (their bootstrap is not valued)."""
+        if not self._acted:
+            return super().flush()
+        unknown = np.full(self.num_envs, np.nan, np.float32)
+        blocks = [block for block in (self._valued(unknown), self._valued(unknown, super().flush())) if block]
+        return {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]} if blocks else None
+
+    def _valued(self, values: np.ndarray, block: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray] | None:
+        """``block`` (default: the one waiting) with priorities, ``values`` [E] valuing each env's bootstrap."""
+        block, self._waiting = (self._waiting, None) if block is None else (block, self._waiting)
+        if block is None:
+            return None
+        env_idx, q_taken = block.pop(self._ENV), block.pop(self._Q_TAKEN)
+        target = block["reward"] + block["discount"] * values[env_idx]
+        block[PRIORITY] = np.abs(target[:, None] - q_taken).mean(axis=-1) + np.float32(self.policy.config.priority_eps)
+        return block
+
+    def _extra(self, env_idx: np.ndarray, start: np.ndarray) -> dict[str, np.ndarray]:
+        return {self._ENV: env_idx, self._Q_TAKEN: self._q_taken[env_idx, start]} if self._acted else {}
+
+
 class DQN(ApeXSpec):
     """Ape-X DQN over any supported observation space and discrete (possibly branched) actions."""
 
@@ -190,9 +258,8 @@ class DQN(ApeXSpec):
         action (branch values, int64), n-step reward and discount, and the next observation."""
         return nstep_fields(self.observation_space, self.branches.shape, torch.int64)
 
-    def make_assembler(self, num_envs: int, policy: Policy) -> NStepAssembler:
-        return NStepAssembler(num_envs, self.config.n_step, self.config.gamma, self.observation_space,
-                              self.branches.shape, np.int64)
+    def make_assembler(self, num_envs: int, policy: Policy) -> ApeXNStepAssembler:
+        return ApeXNStepAssembler(self, num_envs, policy)
 
     def make_network(self) -> QNetwork:
         return QNetwork(self.observation_space, self.branches, self.config)

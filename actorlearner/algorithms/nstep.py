@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from actorlearner.algorithms.base import torch_dtype
-from actorlearner.networks.leaves import field_name, leaf_arrays, leaf_fields
+from actorlearner.networks.leaves import field_name, leaf_fields, leaf_splitter
 
 
 def nstep_fields(observation_space: gym.Space, action_shape: tuple[int, ...],
@@ -40,7 +40,12 @@ def nstep_fields(observation_space: gym.Space, action_shape: tuple[int, ...],
 
 
 class NStepAssembler:
-    """Turns per-step vector-env results into n-step transitions, vectorized over envs."""
+    """Turns per-step vector-env results into n-step transitions, vectorized over envs.
+
+    The last ``n_step`` steps of every env sit in rings indexed by the vector step, so a step
+    is written with one slice per field; an env's windows are its last ``count`` steps. A step
+    where no episode ends emits every full env's oldest window with a few array operations.
+    """
 
     def __init__(
         self,
@@ -57,12 +62,15 @@ class NStepAssembler:
         self.n_step = n_step
         self.gamma = float(gamma)
         self.observation_space = observation_space
+        self._split = leaf_splitter(observation_space)
         leaves = leaf_fields(observation_space)
         self._obs = {key: np.zeros((num_envs, n_step, *shape), dtype) for key, (shape, dtype) in leaves.items()}
         self._last_next_obs = {key: np.zeros((num_envs, *shape), dtype) for key, (shape, dtype) in leaves.items()}
         self._action = np.zeros((num_envs, n_step, *action_shape), action_dtype)
         self._reward = np.zeros((num_envs, n_step), np.float64)
-        self._count = np.zeros(num_envs, np.int64)  # pending windows per env, oldest at slot 0
+        self._powers = self.gamma ** np.arange(n_step + 1)  # gamma**k: reward weights and discounts
+        self._step = 0  # vector steps pushed; step t sits at ring position t % n_step
+        self._count = np.zeros(num_envs, np.int64)  # pending windows per env: its last `count` steps start them
         self._autoreset = np.zeros(num_envs, np.bool_)  # env ended last step; its next step is a reset
 
     @property
@@ -87,37 +95,39 @@ class NStepAssembler:
         """Record one vector step (obs is what the actions were chosen on, both as the vector env
         returns them); returns completed transitions."""
         terminated = np.asarray(terminated, np.bool_)
-        truncated = np.asarray(truncated, np.bool_)
-        obs = leaf_arrays(self.observation_space, obs)
-        next_obs = leaf_arrays(self.observation_space, next_obs)
+        next_obs = self._split(next_obs)
         live = ~self._autoreset  # envs whose step was a real env step, not an autoreset
-        ended = live & (terminated | truncated)
+        ended = live & (terminated | np.asarray(truncated, np.bool_))
         self._autoreset = ended
 
-        envs = np.flatnonzero(live)
-        slot = self._count[envs]
-        for key, buf in self._obs.items():
-            buf[envs, slot] = obs[key][envs]
-            self._last_next_obs[key][envs] = next_obs[key][envs]
-        self._action[envs, slot] = np.asarray(action)[envs]
-        self._reward[envs, slot] = np.asarray(reward, np.float64)[envs]
-        self._count[envs] += 1
-
+        position = self._step % self.n_step  # an env not live has no windows: its slot is free too
+        for key, array in self._split(obs).items():
+            self._obs[key][:, position] = array
+        self._action[:, position] = action
+        self._reward[:, position] = reward
+        everyone = live.all()
+        for key, array in next_obs.items():
+            if everyone:
+                self._last_next_obs[key][:] = array
+            else:
+                self._last_next_obs[key][live] = array[live]
+        self._count += live
         full = live & ~ended & (self._count == self.n_step)
-        out = self._emit(ended, full, live & terminated, next_obs)
-
-        self._count[ended] = 0
-        shift = np.flatnonzero(full)  # drop the emitted oldest window
-        if shift.size:
-            for buf in (*self._obs.values(), self._action, self._reward):
-                buf[shift, :-1] = buf[shift, 1:]
-            self._count[shift] -= 1
+        if ended.any():
+            out = self._emit(ended, full, live & terminated, next_obs)
+            self._count[ended] = 0
+        else:
+            out = self._emit_full(full, next_obs)
+        self._count[full] -= 1
+        self._step += 1
         return out
 
     def flush(self) -> dict[str, np.ndarray] | None:
         """Emit every pending window as if truncated now (bootstrapping from the last next_obs)."""
         has_pending = self._count > 0
+        self._step -= 1  # emit as of the last step pushed
         out = self._emit(has_pending, np.zeros_like(has_pending), np.zeros_like(has_pending), self._last_next_obs)
+        self._step += 1
         self._count[:] = 0
         return out
 
@@ -131,28 +141,51 @@ class NStepAssembler:
         """
         self._autoreset[:] = previous._autoreset
 
+    def _emit_full(self, full: np.ndarray, next_obs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """The oldest window of each ``full`` env: all n steps in the rings, the oldest at the next position."""
+        env_idx = np.flatnonzero(full)
+        if env_idx.size == 0:
+            return None
+        start = (self._step + 1) % self.n_step
+        rewards = self._reward[env_idx]
+        reward_sum = rewards[:, start] * self._powers[0]
+        for j in range(1, self.n_step):
+            reward_sum += rewards[:, (start + j) % self.n_step] * self._powers[j]
+        discount = np.full(env_idx.size, self._powers[self.n_step], np.float32)
+        return self._transitions(env_idx, np.full(env_idx.size, start), reward_sum, discount, next_obs)
+
     def _emit(
         self, all_windows: np.ndarray, oldest_window: np.ndarray, terminated: np.ndarray,
         next_obs: dict[str, np.ndarray],
     ) -> dict[str, np.ndarray] | None:
         """Transitions for all pending windows of `all_windows` envs and the oldest one of `oldest_window` envs."""
-        start = np.arange(self.n_step)
-        pending = start[None, :] < self._count[:, None]
-        emit = (all_windows[:, None] & pending) | (oldest_window[:, None] & (start[None, :] == 0))
-        env_idx, start_idx = np.nonzero(emit)
+        window = np.arange(self.n_step)  # k: an env's k-th pending window, oldest first
+        pending = window[None, :] < self._count[:, None]
+        emit = (all_windows[:, None] & pending) | (oldest_window[:, None] & (window[None, :] == 0))
+        env_idx, k = np.nonzero(emit)
         if env_idx.size == 0:
             return None
-        count = self._count[env_idx]
-        # reward_sum[m] = sum_{s <= j < count} gamma**(j - s) r[j] for window m starting at slot s.
-        offset = start[None, :] - start_idx[:, None]
-        in_window = (offset >= 0) & (start[None, :] < count[:, None])
-        weights = np.where(in_window, self.gamma ** np.maximum(offset, 0), 0.0)
-        reward_sum = (self._reward[env_idx] * weights).sum(axis=1)
-        discount = np.where(terminated[env_idx], 0.0, self.gamma ** (count - start_idx))
+        length = self._count[env_idx] - k  # steps in the window, up to the last pushed
+        first = self._step - length + 1  # the window's first step
+        reward_sum = np.zeros(env_idx.size)
+        for j in range(self.n_step):
+            in_window = j < length
+            reward_sum += np.where(in_window, self._reward[env_idx, (first + j) % self.n_step] * self._powers[j], 0.0)
+        discount = np.where(terminated[env_idx], 0.0, self._powers[length])
+        return self._transitions(env_idx, first % self.n_step, reward_sum, discount.astype(np.float32), next_obs)
+
+    def _transitions(self, env_idx: np.ndarray, start: np.ndarray, reward_sum: np.ndarray, discount: np.ndarray,
+                     next_obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The fields of windows of envs ``env_idx`` starting at ring positions ``start``."""
         return {
-            **{field_name("obs", key): buf[env_idx, start_idx] for key, buf in self._obs.items()},
-            "action": self._action[env_idx, start_idx],
+            **{field_name("obs", key): buf[env_idx, start] for key, buf in self._obs.items()},
+            "action": self._action[env_idx, start],
             "reward": reward_sum.astype(np.float32),
-            "discount": discount.astype(np.float32),
+            "discount": discount,
             **{field_name("next_obs", key): buf[env_idx] for key, buf in next_obs.items()},
+            **self._extra(env_idx, start),
         }
+
+    def _extra(self, env_idx: np.ndarray, start: np.ndarray) -> dict[str, np.ndarray]:
+        """More entries for windows of ``env_idx`` starting at ring positions ``start`` (none here)."""
+        return {}
