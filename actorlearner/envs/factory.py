@@ -5,7 +5,8 @@ A name is one of:
   - ``package.module:function``: a callable returning a ``gymnasium.Env`` or a multi-agent env
     (:mod:`actorlearner.envs.multiagent`);
   - ``grpc://host:port``: a remote env behind env.proto's ``Environment`` service, of either kind;
-  - ``ALE/Game-v5``: an Atari game with the DQN preprocessing (:mod:`actorlearner.envs.atari`).
+  - ``ALE/Game-v5``: an Atari game with the DQN preprocessing (:mod:`actorlearner.envs.atari`);
+  - ``MinAtar/Game-v1``: a MinAtar game (the optional ``minatar`` package).
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def _make_env(name: str, security: SecurityConfig | None, render_mode: str | Non
             if not isinstance(env, gym.Env):
                 raise ValueError(f"{name} returned a {type(env).__name__}, not a gymnasium.Env or a multi-agent env")
             return _with_render_mode(name, env, render_mode)
+    if name.startswith(MINATAR):
+        _register_minatar(name)
     try:
         with warnings.catch_warnings():  # an unlisted render mode: the ValueError below says it
             warnings.filterwarnings("ignore", message=".*not in the possible render_modes")
@@ -85,6 +88,22 @@ def _make_env(name: str, security: SecurityConfig | None, render_mode: str | Non
     except gym.error.Error as exc:
         raise ValueError(f"cannot make environment {name!r}: {exc}") from None
     return _with_render_mode(name, env, render_mode)
+
+
+MINATAR = "MinAtar/"
+"""Gymnasium ids of MinAtar games (``MinAtar/Breakout-v1``), registered on first use when the
+``minatar`` package is installed."""
+
+
+def _register_minatar(name: str) -> None:
+    """Register MinAtar's gymnasium ids (the package registers them only when asked); ValueError without it."""
+    if name in gym.registry:
+        return
+    try:
+        import minatar.gym
+    except ImportError:
+        raise ValueError(f"cannot make environment {name!r}: MinAtar is not installed (pip install minatar)") from None
+    minatar.gym.register_envs()
 
 
 def make_vector_env(name: str, num_envs: int, mode: str = "sync", security: SecurityConfig | None = None,
