@@ -192,10 +192,6 @@ def test_pushing_with_and_without_q_values_is_a_value_error(first):
         asm.push(*again)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="ApeXNStepAssembler inherits NStepAssembler.reset, which drops the pending windows but not "
-                          "the block waiting for its bootstrap value: the next push values it with the Q values of "
-                          "the observations after the reset")
 def test_after_reset_every_transition_pushed_out_is_valued_as_the_policy_values_it():
     """reset() is for an explicit env.reset(): whatever comes out afterwards must still carry the priority the
     policy gives it (or not come out at all)."""

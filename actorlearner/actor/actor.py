@@ -19,6 +19,7 @@ from actorlearner.actor.episodes import EpisodeTally
 from actorlearner.actor.frames import FrameIds, FramePending
 from actorlearner.actor.link import AppliedWelcome, LearnerLink, SettingsError, policy_key
 from actorlearner.actor.profile import StepProfile
+from actorlearner.actor.stepping import stepper
 from actorlearner.algorithms import PRIORITY, AlgorithmSpec, Policy, TransitionAssembler, make_spec
 from actorlearner.config import ActorConfig
 from actorlearner.envs import make_env, make_vector_env
@@ -89,6 +90,7 @@ class Actor:
         self.env_steps = 0
         self.steps_meter = RateMeter()
         self.profile = StepProfile()
+        self.stepper = stepper(self.envs, self.profile)
         self.episodes = EpisodeTally(config.num_envs)
         self.batches_sent = 0
         self.stop_event = threading.Event()
@@ -209,6 +211,10 @@ class Actor:
             self._collect(self.assembler.flush())
             self._send_batches(previous.settings, everything=True)
         new_network = previous is None or policy_key(settings) != policy_key(previous.settings)
+        restarted = new_network and self.stepper.in_flight  # actions of the old network are under way
+        if restarted:  # their steps are dropped with the episodes under way: the envs start anew
+            self.stepper.restart()
+            self.episodes = EpisodeTally(self.config.num_envs)
         if new_network:
             self.policy, self.policy_version = session.policy, -1
             if self.pool is not None:
@@ -222,7 +228,7 @@ class Actor:
             if self.frame_layout is not None:  # everything pending went out above
                 self.pending = FramePending(self.frame_ids, self.frame_layout)
             assembler = assembling.make_assembler(self.config.num_envs, self.policy)
-            if previous is not None:
+            if previous is not None and not restarted:
                 assembler.inherit(self.assembler)
             self.assembler = assembler
         num_actors = max(settings.num_actors, 1)
@@ -241,10 +247,8 @@ class Actor:
 
     def _loop(self, max_env_steps: int) -> None:
         num_envs = self.config.num_envs
-        episodes = self.episodes
         last_stats = time.monotonic()
         profile = self.profile
-        obs = None  # reset once there are weights: a self-play env draws its first opponents then
         while not self.stop_event.is_set() and not (max_env_steps and self.env_steps >= max_env_steps):
             if self.link.error:
                 raise self.link.error
@@ -254,31 +258,28 @@ class Actor:
                 profile.mark("wait_weights")
                 continue
             profile.mark("weights")
-            if obs is None:
-                obs, _ = self.envs.reset(seed=self.config.seed)
-                ids = self._frame_ids(obs, np.ones(num_envs, bool))
+            if self.stepper.obs is None:  # reset once there are weights: a self-play env draws its first opponents then
+                ids = self._frame_ids(self.stepper.reset(self.config.seed), np.ones(num_envs, bool))
                 profile.mark("env")
-            actions, acted = self.policy.act_values(obs, self.exploration)
-            profile.mark("act")
-            next_obs, rewards, terminated, truncated, _ = self.envs.step(actions)
-            profile.mark("env")
-            steps, resets = episodes.step(rewards, terminated, truncated)
+            step = self.stepper.step(self.policy, self.exploration)
+            steps, resets = self.episodes.step(step.rewards, step.terminated, step.truncated)
             self.env_steps += steps
             profile.env_steps = self.env_steps
             self.steps_meter.add(steps)
-            next_ids = self._frame_ids(next_obs, resets)
-            pushed = (ids, actions, rewards, terminated, truncated, next_ids)
-            self._collect(self.assembler.push(*pushed) if acted is None else self.assembler.push(*pushed, acted=acted))
+            next_ids = self._frame_ids(step.next_obs, resets)
+            pushed = (ids, step.actions, step.rewards, step.terminated, step.truncated, next_ids)
+            self._collect(self.assembler.push(*pushed) if step.acted is None
+                          else self.assembler.push(*pushed, acted=step.acted))
             if steps < num_envs:
                 self.policy.reset_memory(resets)  # autoreset envs begin episodes: a recurrent policy forgets
-            obs, ids = next_obs, next_ids
+            ids = next_ids
             profile.mark("assemble")
             self._send_batches(self.session.settings)
             if time.monotonic() - last_stats >= self.config.stats_every:
                 self._send_stats()
                 last_stats = time.monotonic()
             profile.mark("send")
-        if episodes.steps or episodes.finished_returns:
+        if self.episodes.steps or self.episodes.finished_returns:
             self._send_stats()
 
     def _send_stats(self) -> None:

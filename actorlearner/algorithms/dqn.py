@@ -202,8 +202,10 @@ class ApeXNStepAssembler(NStepAssembler):
         super().__init__(num_envs, spec.config.n_step, spec.config.gamma, spec.observation_space,
                          spec.branches.shape, np.int64)
         self.policy = policy
-        self._starts = np.asarray(spec.branches.starts, np.int64)
-        self._q_taken = np.zeros((num_envs, spec.config.n_step, len(spec.branches.sizes)), np.float32)
+        branches = len(spec.branches.sizes)
+        self._starts = np.tile(np.asarray(spec.branches.starts, np.int64), num_envs)
+        self._rows = np.arange(num_envs * branches)
+        self._q_taken = np.zeros((num_envs, spec.config.n_step, branches), np.float32)
         self._waiting: dict[str, np.ndarray] | None = None  # emitted by the last push, not yet valued
         self._acted: bool | None = None  # whether pushes come with Q values (decided by the first)
 
@@ -217,11 +219,18 @@ class ApeXNStepAssembler(NStepAssembler):
             raise ValueError("push gets the Q values acting chose on every time or never")
         if acted is None:
             return super().push(obs, action, reward, terminated, truncated, next_obs)
-        indices = np.asarray(action).reshape(self.num_envs, -1) - self._starts
-        self._q_taken[:, self._step % self.n_step] = np.take_along_axis(acted, indices[..., None], -1)[..., 0]
-        valued = self._valued(acted.max(axis=-1).mean(axis=-1))
+        q = acted.reshape(len(self._rows), -1)  # [E * D, N]
+        indices = np.asarray(action).reshape(-1) - self._starts  # [E * D], row-major over (env, branch)
+        self._q_taken[:, self._step % self.n_step] = q[self._rows, indices].reshape(self.num_envs, -1)
+        values = q.max(axis=-1)
+        valued = self._valued(values if len(self._rows) == self.num_envs else values.reshape(self.num_envs, -1).mean(-1))
         self._waiting = super().push(obs, action, reward, terminated, truncated, next_obs)
         return valued
+
+    def reset(self) -> None:
+        """Drop every pending window and the transitions waiting for their bootstrap value."""
+        super().reset()
+        self._waiting = None
 
     def flush(self) -> dict[str, np.ndarray] | None:
         """Everything pending, as `NStepAssembler.flush`, priorities NaN (their bootstrap is not valued)."""

@@ -22,7 +22,7 @@ class ActorConfig:
     num_envs: int = 4
     """Environments in this actor's vector env."""
     vector_mode: str = "sync"
-    """Vector env: sync (one process) or async (a subprocess per env)."""
+    """Vector env: sync (one process), async (a subprocess per env) or workers (two worker processes, each stepping half the envs while the policy acts on the other half)."""
     seed: int = 0
     """Seeds the envs and exploration."""
     profile_file: str = ""

@@ -52,7 +52,7 @@ class LearnerConfig:
     """Stop training after this many updates and keep serving; 0 trains until stopped."""
     max_policy_lag: int = field(default=0, metadata=RUNTIME)
     """Train only on transitions from at most this many versions ago; 0 disables the bound."""
-    actor_batch_size: int = 64
+    actor_batch_size: int = 256
     """Transitions per batch an actor streams."""
     max_unacked: int = 8
     """Batches an actor may have in flight without an ack."""

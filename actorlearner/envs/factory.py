@@ -22,6 +22,7 @@ import gymnasium as gym
 from actorlearner.envs.atari import is_atari, make_atari
 from actorlearner.envs.multiagent import MultiAgentEnv, check_agents, is_multi_agent
 from actorlearner.envs.remote import SCHEME, RemoteEnv, connect
+from actorlearner.envs.workers import PairedWorkerEnvs
 from actorlearner.transport import SecurityConfig
 
 
@@ -106,20 +107,27 @@ def _register_minatar(name: str) -> None:
     minatar.gym.register_envs()
 
 
+VECTOR_MODES = ("sync", "async", "workers")
+"""How a vector env steps: in this process, a process per env (gymnasium's), or two worker processes
+each stepping half the envs (:mod:`actorlearner.envs.workers`)."""
+
+
 def make_vector_env(name: str, num_envs: int, mode: str = "sync", security: SecurityConfig | None = None,
                     wrap: Callable[[gym.Env | MultiAgentEnv], gym.Env] | None = None,
                     frame_stack: int = 0) -> gym.vector.VectorEnv:
-    """``num_envs`` copies of ``name`` stepped together (``mode``: sync or async), frames stacked as
+    """``num_envs`` copies of ``name`` stepped together (``mode``: one of `VECTOR_MODES`), frames stacked as
     :func:`make_env` says.
 
     ``wrap``, when given, is applied to every env made and returns the gymnasium.Env to step
     (it turns a multi-agent env into one; in async mode it must be picklable). A multi-agent
     env without ``wrap`` is a ValueError: it trains only by self-play.
     """
-    if mode not in ("sync", "async"):
-        raise ValueError(f"vector mode must be sync or async, got {mode!r}")
+    if mode not in VECTOR_MODES:
+        raise ValueError(f"vector mode must be one of {', '.join(VECTOR_MODES)}, got {mode!r}")
     _make_wrapped(name, security, wrap, frame_stack).close()  # fail early, in this process, with the clear error
     factories = [functools.partial(_make_wrapped, name, security, wrap, frame_stack)] * num_envs
+    if mode == "workers":
+        return PairedWorkerEnvs(factories)
     return gym.vector.SyncVectorEnv(factories) if mode == "sync" else gym.vector.AsyncVectorEnv(factories)
 
 
