@@ -7,7 +7,7 @@ streaming (``--min-replay-size`` 1e12: training never starts, the actors run as 
 and streaming let them) and training (the rate limiter holds the actors to
 ``samples_per_insert``, as in a real run).
 
-Baseline, same run: the one-process loop, the same vector env (N envs, mode M) stepped with
+Baseline, same run: the one-process loop, the same N envs (a sync vector env: one process) stepped with
 the same DQN policy acting epsilon-greedily (0.1, torch threads 1), no learning, no streaming.
 It runs alone (one loop) and as K separate processes side by side over one shared window (K
 loops, their steps/s summed). Ratios: ours / one loop (the project's targets: 1 actor >= 0.8x,
@@ -171,7 +171,7 @@ def measure(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
         for preset in args.envs:
             for n in args.num_envs:
                 for k in sorted({1, *args.actors}):
-                    rate = loops(preset, k, n, args.vector_mode, args.warmup, args.seconds)
+                    rate = loops(preset, k, n, "sync", args.warmup, args.seconds)
                     loop_runs.setdefault((preset, n, k), []).append(rate)
                     log(f"run {run}/{args.runs} {preset} num_envs {n}: {k} loop(s) side by side {rate:,.0f} steps/s")
                 for k in args.actors:
@@ -247,8 +247,8 @@ def main() -> None:
     parser.add_argument("--num-envs", type=comma_list(int), default="4,64", help="comma list: envs per actor process")
     parser.add_argument("--actors", type=comma_list(int), default=default_actors(),
                         help="comma list of actor counts (default: 1, 2, 4, ... up to the CPU count)")
-    parser.add_argument("--vector-mode", choices=("sync", "async"), default="sync",
-                        help="vector env of the actors and the loops")
+    parser.add_argument("--vector-mode", choices=("sync", "async", "workers"), default="sync",
+                        help="vector env of the actors (the loops are always one process: sync)")
     parser.add_argument("--modes", type=comma_list(str, MODES), default="streaming",
                         help="comma list: streaming (training never starts), training")
     parser.add_argument("--runs", type=int, default=3, help="runs per measurement; the median is reported")
