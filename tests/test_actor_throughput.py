@@ -242,7 +242,7 @@ def status_if(port: int, predicate):
 @pytest.mark.parametrize("env, mode, num_envs", [
     ("CartPole-v1", "sync", 64),
     ("MinAtar/Breakout-v1", "sync", 64),
-    ("CartPole-v1", "async", 64),  # 64 forked env processes start in a few seconds: the case takes ~10 s here
+    ("CartPole-v1", "async", 16),  # gymnasium's process per env: 16 of them are enough to show it streams
 ])
 def test_many_envs_stream_end_to_end_and_the_actor_writes_its_profile(tmp_path, env, mode, num_envs):
     """Streaming only (training never starts): the learner counts the actor's env steps and inserts its

@@ -183,10 +183,6 @@ def test_a_factory_failing_in_the_worker_is_a_runtime_error_and_no_worker_is_lef
     wait_until(lambda: {p.pid for p in mp.active_children()} <= before, 60, "no env worker left running")
 
 
-@pytest.mark.xfail(strict=True, raises=BrokenPipeError,
-                   reason="WorkerEnvs._send does not translate a broken pipe: a worker that died between steps "
-                   "surfaces as a bare BrokenPipeError, not the RuntimeError 'env worker exited (code N)' that "
-                   "WorkerEnvs._receive raises when it dies during a step")
 def test_a_worker_that_died_between_steps_is_a_runtime_error_naming_its_exit_code():
     envs = make_vector_env("CartPole-v1", 4, "workers")
     try:

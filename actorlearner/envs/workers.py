@@ -132,7 +132,11 @@ class WorkerEnvs:
     def _send(self, command: str, data) -> None:
         if self._waiting:
             raise RuntimeError(f"{command} while a step or reset is under way: wait() for it first")
-        self._pipe.send((command, data))
+        try:
+            self._pipe.send((command, data))
+        except OSError:  # the worker is gone (killed between steps)
+            self._process.join(1)
+            raise RuntimeError(f"env worker exited (code {self._process.exitcode})") from None
         self._waiting = True
 
     def _receive(self) -> None:
@@ -173,14 +177,26 @@ class PairedWorkerEnvs(gym.vector.VectorEnv):
         for half in self.halves:
             half.reset_async(None if seed is None else seed + offset)
             offset += half.num_envs
-        return concatenate([half.wait()[0] for half in self.halves]), {}
+        return concatenate([r[0] for r in self._wait_all()]), {}
+
+    def _wait_all(self) -> list[tuple[Tree, np.ndarray, np.ndarray, np.ndarray]]:
+        """Every half's results; when one fails, the others are still collected before its error is raised."""
+        results, failure = [], None
+        for half in self.halves:
+            try:
+                results.append(half.wait())
+            except RuntimeError as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        return results
 
     def step(self, actions: Tree) -> tuple[Tree, np.ndarray, np.ndarray, np.ndarray, dict]:
         start = 0
         for half in self.halves:
             half.step_async(tree_map(lambda a, lo=start, hi=start + half.num_envs: a[lo:hi], actions))
             start += half.num_envs
-        results = [half.wait() for half in self.halves]
+        results = self._wait_all()
         obs = concatenate([r[0] for r in results])
         return obs, *(np.concatenate([r[i] for r in results]) for i in (1, 2, 3)), {}
 
