@@ -32,6 +32,16 @@ def replay_path(request) -> dict:
 
 
 @pytest.fixture
+def one_torch_thread():
+    """Torch at one thread, as actors run by default (``torch_threads`` 1): tiny nets on shared cores are
+    slower with more. A module opts in with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def make_tree(replay_path):
     """Builds the sum tree of one kernel path: ``make_tree(capacity, branching=16, max_top=4096)``."""
     from actorlearner.replay.sumtree import CpuSumTree, SumTree

@@ -25,13 +25,7 @@ STEPS = 300
 EXPLORATION = 0.5
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """As the actors run by default (torch_threads 1): tiny nets on shared cores are slower with more threads."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class BranchEnv(gym.Env):
@@ -242,7 +236,6 @@ def status_if(port: int, predicate):
 @pytest.mark.parametrize("env, mode, num_envs", [
     ("CartPole-v1", "sync", 64),
     ("MinAtar/Breakout-v1", "sync", 64),
-    ("CartPole-v1", "async", 16),  # gymnasium's process per env: 16 of them are enough to show it streams
 ])
 def test_many_envs_stream_end_to_end_and_the_actor_writes_its_profile(tmp_path, env, mode, num_envs):
     """Streaming only (training never starts): the learner counts the actor's env steps and inserts its

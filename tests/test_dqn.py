@@ -32,14 +32,7 @@ ACT_SPACE = spaces.Discrete(3)
 NEG_INF = float("-inf")
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """As the learner and actors run by default (torch_threads 1): tiny nets on shared cores are
-    many times slower with more threads spinning on busy cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make(seed: int = 0, device: str = "cpu", **kw) -> DQNTrainer:
