@@ -21,6 +21,8 @@ from actorlearner.envs.workers import concatenate, tree_map
 
 
 class VectorStep(NamedTuple):
+    """One step of every env, and the actions and acting that made it."""
+
     obs: Any  # what the actions were chosen on
     actions: np.ndarray
     acted: Any  # what acting computed besides the actions (None: nothing)
