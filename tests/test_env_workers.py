@@ -100,8 +100,7 @@ RESEED_AT = 200  # both are reset with another seed here: the second half's envs
 @pytest.mark.parametrize("env, num_envs, ends", [
     (f"{MODULE}:short_cartpole", 5, {"terminated", "truncated"}),  # odd split: halves of 2 and 3
     ("custom_envs:dict_walk", 5, {"terminated", "truncated"}),  # Dict obs, MultiDiscrete actions; 30-step limit
-    ("MinAtar/Breakout-v1", 3, {"terminated"}),  # bool image observations [10, 10, 4], halves of 1 and 2
-], ids=["short-cartpole-5", "dict-walk-5", "minatar-breakout-3"])
+], ids=["short-cartpole-5", "dict-walk-5"])
 def test_paired_worker_envs_step_exactly_like_sync_vector_env(env, num_envs, ends):
     paired = make_vector_env(env, num_envs, "workers")
     sync = make_vector_env(env, num_envs, "sync")
