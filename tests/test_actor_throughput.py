@@ -87,6 +87,13 @@ def assert_same_transitions(got: dict[str, np.ndarray] | None, want: dict[str, n
         np.testing.assert_array_equal(got[key], want[key], err_msg=f"{what}: {key}")
 
 
+def small_dqn(envs: gym.vector.VectorEnv):
+    """A seeded DQN policy with small hidden layers for ``envs``, and its assembler."""
+    spec = make_spec("dqn", envs.single_observation_space, envs.single_action_space, {"hidden_sizes": [32, 32]})
+    policy = spec.make_policy(seed=0)
+    return policy, spec.make_assembler(NUM_ENVS, policy)
+
+
 def policy_priorities(policy, block: dict[str, np.ndarray]) -> np.ndarray:
     """What the actor computes with a second forward pass: the policy's initial priorities of the block's fields."""
     tensors = {key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in block.items() if key != PRIORITY}
@@ -161,9 +168,7 @@ def test_priorities_from_acting_equal_the_policys_and_the_transitions_are_the_pl
 def test_pushing_with_and_without_q_values_is_a_value_error(first):
     envs = cartpole()
     try:
-        spec = make_spec("dqn", envs.single_observation_space, envs.single_action_space, {"hidden_sizes": [32, 32]})
-        policy = spec.make_policy(seed=0)
-        asm = spec.make_assembler(NUM_ENVS, policy)
+        policy, asm = small_dqn(envs)
         obs, _ = envs.reset(seed=0)
         steps = []
         for _ in range(2):
@@ -191,9 +196,7 @@ def test_after_reset_every_transition_pushed_out_is_valued_as_the_policy_values_
     policy gives it (or not come out at all)."""
     envs = cartpole()
     try:
-        spec = make_spec("dqn", envs.single_observation_space, envs.single_action_space, {"hidden_sizes": [32, 32]})
-        policy = spec.make_policy(seed=0)
-        asm = spec.make_assembler(NUM_ENVS, policy)
+        policy, asm = small_dqn(envs)
         obs, _ = envs.reset(seed=0)
         out = []
         for t in range(12):
