@@ -22,7 +22,7 @@ import torch
 
 from actorlearner import wire
 from actorlearner.algorithms import Policy, fixed_config_json
-from actorlearner.streaming.reconnect import Reconnecting, Refused, drain
+from actorlearner.streaming.reconnect import Reconnecting, Refused
 from actorlearner.streaming.service import CONNECT_METHOD
 from actorlearner.transport import SecurityConfig
 from actorlearner.v1 import learner_pb2 as pb
@@ -229,12 +229,13 @@ class LearnerLink(Reconnecting):
         assembler = wire.ChunkAssembler(self.max_message_bytes * 64)
         connect = channel.stream_stream(CONNECT_METHOD, request_serializer=None,  # requests are bytes already
                                         response_deserializer=pb.LearnerMessage.FromString)
-        self._call = connect(drain(requests))
+        call = self._open_stream(connect, requests)
+        if call is None:  # closing
+            return
         try:
-            self._read(self._call, assembler, hello.policy_version)
+            self._read(call, assembler, hello.policy_version)
         finally:
             self.connected = False
-            self._call.cancel()
 
     def _read(self, call, assembler: wire.ChunkAssembler, hello_version: int) -> None:
         """Handle the learner's messages until the stream ends.

@@ -99,6 +99,7 @@ class _Link:
             self.closed = True
             self.requests.put(None)
             self.responses.cancel()
+            self.responses = None  # dropped now: a call left to the interpreter's exit can deadlock it
             self.channel.close()
 
 

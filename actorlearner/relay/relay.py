@@ -26,7 +26,7 @@ from actorlearner import wire
 from actorlearner.config import RelayConfig
 from actorlearner.metrics import Metric
 from actorlearner.streaming.broadcast import PolicyBroadcast
-from actorlearner.streaming.reconnect import Reconnecting, Refused, drain
+from actorlearner.streaming.reconnect import Reconnecting, Refused
 from actorlearner.streaming.served import ServedStream
 from actorlearner.telemetry import RateMeter
 from actorlearner.v1 import learner_pb2 as pb
@@ -246,31 +246,30 @@ class Relay(Reconnecting):
             actor_id=self.relay_id, relay=True, protocol_version=wire.PROTOCOL_VERSION, env_spec=spec.env_spec,
             policy_version=-1)))
         assembler = wire.ChunkAssembler(self.config.max_message_bytes * 64)
-        self._call = call = stub.Connect(drain(requests))
+        call = self._open_stream(stub.Connect, requests)
+        if call is None:  # closing
+            return
         welcomed = False
-        try:
-            for message in call:
-                kind = message.WhichOneof("kind")
-                if message.actor_id:
-                    self._route_down(message)
-                elif kind == "welcome":
-                    self.connects += not welcomed
-                    welcomed = True
-                    with self.lock:
-                        self.spec, self.welcome, self._requests = spec, message.welcome, requests
-                        if not self.up:
-                            self._awaited_version = message.welcome.policy_version
-                elif kind == "policy_update":
-                    update = message.policy_update
-                    payload = assembler.add(update.version, update.chunk_index, update.chunk_count,
-                                            update.total_bytes, update.payload)
-                    if payload is not None:
-                        self._publish(update.version, payload)
-                elif kind == "shutdown":
-                    logger.info("upstream is shutting down: %s", message.shutdown.reason)
-                    break
-        finally:
-            call.cancel()
+        for message in call:
+            kind = message.WhichOneof("kind")
+            if message.actor_id:
+                self._route_down(message)
+            elif kind == "welcome":
+                self.connects += not welcomed
+                welcomed = True
+                with self.lock:
+                    self.spec, self.welcome, self._requests = spec, message.welcome, requests
+                    if not self.up:
+                        self._awaited_version = message.welcome.policy_version
+            elif kind == "policy_update":
+                update = message.policy_update
+                payload = assembler.add(update.version, update.chunk_index, update.chunk_count,
+                                        update.total_bytes, update.payload)
+                if payload is not None:
+                    self._publish(update.version, payload)
+            elif kind == "shutdown":
+                logger.info("upstream is shutting down: %s", message.shutdown.reason)
+                break
 
     def _publish(self, version: int, payload: bytes) -> None:
         """Keep ``version`` as the relay's copy; the relay is up once it holds its Welcome's version."""

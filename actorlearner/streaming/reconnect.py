@@ -59,10 +59,16 @@ def drain(requests: queue.Queue):
 class Reconnecting:
     """Keeps one Connect stream to ``address`` up on a thread of its own.
 
-    A subclass serves one stream in :meth:`_serve_stream` (setting ``_call`` so that :meth:`close`
-    can cancel it, and counting ``connects`` once the stream is welcomed), hears of each
-    stream's end in :meth:`_stream_ended`, and of a refusal for good in :meth:`_refused`. A
-    welcomed stream resets the backoff, however it ended. The loop logs as the subclass's module.
+    A subclass serves one stream in :meth:`_serve_stream`, opening it with :meth:`_open_stream`
+    (and counting ``connects`` once the stream is welcomed), hears of each stream's end in
+    :meth:`_stream_ended`, and of a refusal for good in :meth:`_refused`. A welcomed stream
+    resets the backoff, however it ended. The loop logs as the subclass's module.
+
+    Every stream this opens is ended here: its request queue gets its closing None and its call
+    is cancelled and dropped, when it breaks and on :meth:`close`, which never races a stream
+    being opened. gRPC's request thread then ends, and no call outlives the stream: a call left
+    to the interpreter's exit can deadlock it (its ``__del__`` takes a lock that a frozen gRPC
+    thread may hold).
     """
 
     def __init__(self, address: str, security: SecurityConfig | None, max_message_bytes: int,
@@ -74,7 +80,8 @@ class Reconnecting:
         self.connects = 0  # streams welcomed
         self.reconnects = 0  # streams opened after the first
         self._closing = threading.Event()
-        self._call = None
+        self._stream_lock = threading.Lock()
+        self._stream: tuple[queue.Queue, grpc.Call] | None = None  # the open stream's requests and call
         self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
 
     def start(self) -> Self:
@@ -84,9 +91,25 @@ class Reconnecting:
     def close(self) -> None:
         """End the stream and stop reconnecting."""
         self._closing.set()
-        if self._call is not None:
-            self._call.cancel()
+        self._end_stream()
         self._thread.join(timeout=5)
+
+    def _open_stream(self, method: grpc.StreamStreamMultiCallable, requests: queue.Queue):
+        """Start ``method`` sending what ``requests`` holds (until a None); None once closing."""
+        with self._stream_lock:
+            if self._closing.is_set():
+                return None
+            self._stream = requests, method(drain(requests))
+            return self._stream[1]
+
+    def _end_stream(self) -> None:
+        """End the open stream, if any: its requests, then its call."""
+        with self._stream_lock:
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            requests, call = stream
+            requests.put(None)
+            call.cancel()
 
     def _serve_stream(self, channel: grpc.Channel) -> None:
         """Open one stream on ``channel`` and serve it until it ends."""
@@ -113,6 +136,7 @@ class Reconnecting:
                 try:
                     self._serve_stream(channel)
                 except grpc.RpcError as exc:
+                    exc.__traceback__ = None  # a broken call is its own error: its frames would keep it alive
                     if exc.code() in FATAL_CODES:
                         self._refused(self._refusal(exc))
                         return
@@ -123,6 +147,8 @@ class Reconnecting:
                 except wire.WireError as exc:
                     reason = f"bad policy update: {exc}"
                     logger.warning("bad policy update from %s: %s; reconnecting", self.address, exc)
+                finally:
+                    self._end_stream()
             if self.connects > connects:  # the stream worked, however it ended: start backoff afresh
                 backoff.reset()
             if broke and not self._closing.is_set():
