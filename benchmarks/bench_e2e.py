@@ -247,7 +247,7 @@ def main() -> None:
     parser.add_argument("--num-envs", type=comma_list(int), default="4,64", help="comma list: envs per actor process")
     parser.add_argument("--actors", type=comma_list(int), default=default_actors(),
                         help="comma list of actor counts (default: 1, 2, 4, ... up to the CPU count)")
-    parser.add_argument("--vector-mode", choices=("sync", "async", "workers"), default="sync",
+    parser.add_argument("--vector-mode", choices=("sync", "async", "workers", "ahead"), default="sync",
                         help="vector env of the actors (the loops are always one process: sync)")
     parser.add_argument("--modes", type=comma_list(str, MODES), default="streaming",
                         help="comma list: streaming (training never starts), training")

@@ -208,7 +208,7 @@ PIPELINE_STEPS = 150
 
 
 def run_stepper(step, policy, exploration, steps: int) -> list[VectorStep]:
-    out = [step.step(policy, exploration) for _ in range(steps)]
+    out = [step.step(policy, exploration, 0) for _ in range(steps)]
     for i, vector_step in enumerate(out):
         assert isinstance(vector_step, VectorStep)
         if i + 1 < len(out):  # the observations the next actions were chosen on are this step's results

@@ -19,10 +19,12 @@ from actorlearner.actor.episodes import EpisodeTally
 from actorlearner.actor.frames import FrameIds, FramePending
 from actorlearner.actor.link import AppliedWelcome, LearnerLink, SettingsError, policy_key
 from actorlearner.actor.profile import StepProfile
-from actorlearner.actor.stepping import stepper
+from actorlearner.actor.ahead import AHEAD_MODE, Ahead, LoopProcess
+from actorlearner.actor.stepping import has_memory, stepper
 from actorlearner.algorithms import PRIORITY, AlgorithmSpec, Policy, TransitionAssembler, make_spec
 from actorlearner.config import ActorConfig
 from actorlearner.envs import make_env, make_vector_env
+from actorlearner.envs.factory import env_factories
 from actorlearner.envs.multiagent import is_multi_agent, shared_spaces
 from actorlearner.frames import FrameLayout, algorithm_frames, batch_fields, frame_stack_of
 from actorlearner.league import Game, OpponentPool, SeatEnv
@@ -66,8 +68,12 @@ class Actor:
         self._games: list[Game] = []  # self-play games ended since the last batch
         self._opponents: set[str] = set()  # opponents of the games under way at the last batch or drawn since
         self._slots = itertools.count()
-        self.envs = make_vector_env(config.env, config.num_envs, config.vector_mode, config.security,
-                                    wrap=self._seat if self.agents else None, frame_stack=config.frame_stack)
+        if config.vector_mode == AHEAD_MODE:  # self-play was refused above: its opponents play in this process
+            self.envs = LoopProcess(env_factories(config.env, config.num_envs, config.security,
+                                                  frame_stack=config.frame_stack), config.torch_threads)
+        else:
+            self.envs = make_vector_env(config.env, config.num_envs, config.vector_mode, config.security,
+                                        wrap=self._seat if self.agents else None, frame_stack=config.frame_stack)
         obs_space, act_space = self.envs.single_observation_space, self.envs.single_action_space
         self.obs_space, self.act_space = obs_space, act_space
         hello = pb.Hello(actor_id=self.actor_id, protocol_version=wire.PROTOCOL_VERSION,
@@ -90,7 +96,8 @@ class Actor:
         self.env_steps = 0
         self.steps_meter = RateMeter()
         self.profile = StepProfile()
-        self.stepper = stepper(self.envs, self.profile)
+        self.stepper = Ahead(self.envs, self.profile, config.seed) if isinstance(self.envs, LoopProcess) \
+            else stepper(self.envs, self.profile)
         self.episodes = EpisodeTally(config.num_envs)
         self.batches_sent = 0
         self.stop_event = threading.Event()
@@ -164,6 +171,9 @@ class Actor:
                 raise TypeError("algorithm_config must be a JSON object")
             spec = make_spec(settings.algorithm, self.obs_space, self.act_space, hyperparameters)
             policy = spec.make_policy(device="cpu", seed=self.config.seed)
+            if self.config.vector_mode == AHEAD_MODE and has_memory(policy):
+                raise ValueError(f"vector mode {AHEAD_MODE} needs a policy without memory ({settings.algorithm} "
+                                 "keeps recurrent state): use sync or workers")
             layout, assembling = self._assembly(spec)
             fields = assembling.transition_fields()
             fields = fields if layout is None else batch_fields(layout, fields)
@@ -261,7 +271,7 @@ class Actor:
             if self.stepper.obs is None:  # reset once there are weights: a self-play env draws its first opponents then
                 ids = self._frame_ids(self.stepper.reset(self.config.seed), np.ones(num_envs, bool))
                 profile.mark("env")
-            step = self.stepper.step(self.policy, self.exploration)
+            step = self.stepper.step(self.policy, self.exploration, self.policy_version)
             steps, resets = self.episodes.step(step.rewards, step.terminated, step.truncated)
             self.env_steps += steps
             profile.env_steps = self.env_steps
@@ -269,7 +279,7 @@ class Actor:
             next_ids = self._frame_ids(step.next_obs, resets)
             pushed = (ids, step.actions, step.rewards, step.terminated, step.truncated, next_ids)
             self._collect(self.assembler.push(*pushed) if step.acted is None
-                          else self.assembler.push(*pushed, acted=step.acted))
+                          else self.assembler.push(*pushed, acted=step.acted), step.version)
             if steps < num_envs:
                 self.policy.reset_memory(resets)  # autoreset envs begin episodes: a recurrent policy forgets
             ids = next_ids
@@ -297,9 +307,9 @@ class Actor:
         (``resets``: the envs whose observation begins an episode)."""
         return obs if self.frame_ids is None else self.frame_ids.observe(obs, resets)
 
-    def _collect(self, transitions: dict[str, np.ndarray] | None) -> None:
-        """Add transitions to those waiting for a batch."""
-        self.pending.add(transitions, self.policy_version)
+    def _collect(self, transitions: dict[str, np.ndarray] | None, version: int | None = None) -> None:
+        """Add transitions to those waiting for a batch, made by ``version`` (default: the one this actor runs)."""
+        self.pending.add(transitions, self.policy_version if version is None else version)
 
     def _send_batches(self, settings: pb.Settings, everything: bool = False) -> None:
         """Send every full batch of ``settings`` (with ``everything``, a last smaller one too), each with

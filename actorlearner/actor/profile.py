@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 SECTIONS = {
-    "act": "the policy's forward pass and exploration",
-    "env": "stepping the vector env",
+    "act": "the policy's forward pass and exploration (vector mode ahead: telling the loop process what changed)",
+    "env": "stepping the vector env (vector mode ahead: waiting for the loop process's steps)",
     "assemble": "episode bookkeeping, frame ids, the algorithm's assembler and cutting batches",
     "priorities": "Ape-X initial priorities",
     "encode": "encoding batches for the wire",

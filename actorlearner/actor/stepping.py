@@ -1,7 +1,9 @@
 """How an actor's policy and its vector env take turns: in lockstep, or pipelined over two worker halves.
 
 A stepper keeps the observations the next actions are chosen on and returns each vector step
-whole: the actions, what acting computed (`Policy.act_values`), and the env's results. With
+whole: the actions, what acting computed (`Policy.act_values`), the env's results and the version
+of the weights that chose the actions. (`actorlearner.actor.ahead` has a third: the env loop in a
+process of its own.) With
 ``--vector-mode workers`` (two worker processes, `PairedWorkerEnvs`) and a policy without
 memory, one half's envs step while the policy acts on the other half's: the env's time and the
 policy's overlap. A step's actions were then chosen at the previous call, with the weights the
@@ -30,6 +32,12 @@ class VectorStep(NamedTuple):
     rewards: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
+    version: int  # of the policy that chose the actions
+
+
+def has_memory(policy: Policy) -> bool:
+    """Whether ``policy`` keeps recurrent state per env."""
+    return type(policy).reset_memory is not Policy.reset_memory
 
 
 class Lockstep:
@@ -49,13 +57,14 @@ class Lockstep:
         self.obs, _ = self.envs.reset(seed=seed)
         return self.obs
 
-    def step(self, policy: Policy, exploration: Any) -> VectorStep:
+    def step(self, policy: Policy, exploration: Any, version: int) -> VectorStep:
+        """The next vector step, its actions chosen by ``policy`` (weights ``version``) now or at the call before."""
         actions, acted = policy.act_values(self.obs, exploration)
         self.profile.mark("act")
         next_obs, rewards, terminated, truncated, _ = self.envs.step(actions)
         self.profile.mark("env")
         obs, self.obs = self.obs, next_obs
-        return VectorStep(obs, actions, acted, next_obs, rewards, terminated, truncated)
+        return VectorStep(obs, actions, acted, next_obs, rewards, terminated, truncated, version)
 
     def restart(self) -> None:
         """Forget the envs' state: the next call must be :meth:`reset`."""
@@ -73,6 +82,7 @@ class Pipelined(Lockstep):
         super().__init__(envs, profile)
         self.halves = envs.halves
         self._in_flight: list[tuple[np.ndarray, Any]] | None = None  # per half: (actions, acted) stepping now
+        self._in_flight_version = -1  # of the weights that chose them
 
     @property
     def in_flight(self) -> bool:
@@ -82,22 +92,24 @@ class Pipelined(Lockstep):
         self._in_flight = None
         return super().reset(seed)
 
-    def step(self, policy: Policy, exploration: Any) -> VectorStep:
-        if type(policy).reset_memory is not Policy.reset_memory:  # recurrent: one forward pass over every env
-            return super().step(policy, exploration)
+    def step(self, policy: Policy, exploration: Any, version: int) -> VectorStep:
+        if has_memory(policy):  # recurrent: one forward pass over every env
+            return super().step(policy, exploration, version)
         if self._in_flight is None:
             self._in_flight = [self._act_and_start(half, obs, policy, exploration)
                                for half, obs in zip(self.halves, self._split(self.obs))]
+            self._in_flight_version = version
         results, started = [], []
         for half in self.halves:
             results.append(half.wait())
             self.profile.mark("env")
             started.append(self._act_and_start(half, results[-1][0], policy, exploration))
         (actions, acted), self._in_flight = self._joined(self._in_flight), started
+        acted_version, self._in_flight_version = self._in_flight_version, version
         next_obs = concatenate([r[0] for r in results])
         obs, self.obs = self.obs, next_obs
         rewards, terminated, truncated = (np.concatenate([r[i] for r in results]) for i in (1, 2, 3))
-        return VectorStep(obs, actions, acted, next_obs, rewards, terminated, truncated)
+        return VectorStep(obs, actions, acted, next_obs, rewards, terminated, truncated, acted_version)
 
     def restart(self) -> None:
         """Collect the steps under way and drop them with the envs' state: the next call must be :meth:`reset`."""

@@ -22,7 +22,7 @@ class ActorConfig:
     num_envs: int = 4
     """Environments in this actor's vector env."""
     vector_mode: str = "sync"
-    """Vector env: sync (one process), async (a subprocess per env) or workers (two worker processes, each stepping half the envs while the policy acts on the other half)."""
+    """Vector env: sync (one process), async (a subprocess per env), workers (two worker processes, each stepping half the envs while the policy acts on the other half) or ahead (one process acts and steps, a few steps ahead, while this one assembles and streams; no self-play, no recurrent policy)."""
     seed: int = 0
     """Seeds the envs and exploration."""
     profile_file: str = ""

@@ -124,11 +124,19 @@ def make_vector_env(name: str, num_envs: int, mode: str = "sync", security: Secu
     """
     if mode not in VECTOR_MODES:
         raise ValueError(f"vector mode must be one of {', '.join(VECTOR_MODES)}, got {mode!r}")
-    _make_wrapped(name, security, wrap, frame_stack).close()  # fail early, in this process, with the clear error
-    factories = [functools.partial(_make_wrapped, name, security, wrap, frame_stack)] * num_envs
+    factories = env_factories(name, num_envs, security, wrap, frame_stack)
     if mode == "workers":
         return PairedWorkerEnvs(factories)
     return gym.vector.SyncVectorEnv(factories) if mode == "sync" else gym.vector.AsyncVectorEnv(factories)
+
+
+def env_factories(name: str, num_envs: int, security: SecurityConfig | None = None,
+                  wrap: Callable[[gym.Env | MultiAgentEnv], gym.Env] | None = None,
+                  frame_stack: int = 0) -> list[Callable[[], gym.Env]]:
+    """The ``num_envs`` picklable factories `make_vector_env` steps, after making one env here: a name that
+    cannot be made fails early, in this process, with the clear error."""
+    _make_wrapped(name, security, wrap, frame_stack).close()
+    return [functools.partial(_make_wrapped, name, security, wrap, frame_stack)] * num_envs
 
 
 def _make_wrapped(name: str, security: SecurityConfig | None, wrap, frame_stack: int = 0) -> gym.Env:

@@ -36,12 +36,13 @@ def concatenate(batches: Sequence[Tree]) -> Tree:
     return tree_map(lambda *arrays: np.concatenate(arrays), *batches)
 
 
-def _copy_into(target: Tree, value: Tree) -> None:
+def copy_into(target: Tree, value: Tree) -> None:
     tree_map(lambda t, v: t.__setitem__(Ellipsis, v), target, value)
 
 
-class _Shared:
-    """One batch of ``n`` envs' observations, actions, rewards and flags in shared memory, with array views."""
+class SharedSteps:
+    """One step of ``n`` envs' observations, actions, rewards and flags in shared memory, with array views
+    (made before the processes that share it start: they inherit it)."""
 
     def __init__(self, ctx, observation_space: gym.Space, action_space: gym.Space, n: int):
         self.spaces, self.n = (observation_space, action_space), n
@@ -59,7 +60,7 @@ class _Shared:
                 np.frombuffer(self.flags_memory, np.bool_).reshape(2, self.n))
 
 
-def _work(env_fns: list[Callable[[], gym.Env]], pipe, shared: _Shared) -> None:
+def _work(env_fns: list[Callable[[], gym.Env]], pipe, shared: SharedSteps) -> None:
     """A worker process: step its envs on each command, results into shared memory, then reply."""
     obs_view, action_view, rewards, flags = shared.views()
     envs = None
@@ -75,7 +76,7 @@ def _work(env_fns: list[Callable[[], gym.Env]], pipe, shared: _Shared) -> None:
                 rewards[:], flags[:] = 0.0, False
             else:  # close
                 break
-            _copy_into(obs_view, obs)
+            copy_into(obs_view, obs)
             pipe.send(("ok", None))
     except (KeyboardInterrupt, EOFError):
         pass
@@ -93,7 +94,7 @@ class WorkerEnvs:
     def __init__(self, env_fns: list[Callable[[], gym.Env]], observation_space: gym.Space, action_space: gym.Space):
         ctx = mp.get_context("spawn")
         self.num_envs = len(env_fns)
-        self._shared = _Shared(ctx, observation_space, action_space, self.num_envs)
+        self._shared = SharedSteps(ctx, observation_space, action_space, self.num_envs)
         self._obs, self._actions, self._rewards, self._flags = self._shared.views()
         self._pipe, child = ctx.Pipe()
         self._process = ctx.Process(target=_work, args=(env_fns, child, self._shared), daemon=True,
@@ -108,7 +109,7 @@ class WorkerEnvs:
 
     def step_async(self, actions: Tree) -> None:
         """Start a step of every env with ``actions``; :meth:`wait` collects it."""
-        _copy_into(self._actions, actions)
+        copy_into(self._actions, actions)
         self._send("step", None)
 
     def wait(self) -> tuple[Tree, np.ndarray, np.ndarray, np.ndarray]:
