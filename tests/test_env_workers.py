@@ -208,7 +208,8 @@ PIPELINE_STEPS = 150
 
 
 def run_stepper(step, policy, exploration, steps: int) -> list[VectorStep]:
-    out = [step.step(policy, exploration, 0) for _ in range(steps)]
+    """``steps`` calls, call i naming weights version i."""
+    out = [step.step(policy, exploration, version) for version in range(steps)]
     for i, vector_step in enumerate(out):
         assert isinstance(vector_step, VectorStep)
         if i + 1 < len(out):  # the observations the next actions were chosen on are this step's results
@@ -244,6 +245,7 @@ def test_pipelined_steps_are_the_sync_env_dynamics_with_the_actions_it_chose():
         reset_obs = step.reset(0)
         greedy = run_stepper(step, policy, 0.0, PIPELINE_STEPS)
         assert step.in_flight
+        assert [s.version for s in greedy] == [0, *range(PIPELINE_STEPS - 1)], "chosen at the call before"
         assert_tree_equal(greedy[0].obs, reset_obs, "first obs")
         for t, vector_step in enumerate(greedy):
             assert vector_step.actions.shape == (PIPELINE_ENVS,) and envs.action_space.contains(vector_step.actions)
@@ -274,7 +276,7 @@ def test_pipelined_steps_are_the_sync_env_dynamics_with_the_actions_it_chose():
         step.reset(2)
         recurrent = []
         for _ in range(60):
-            recurrent.append(step.step(r2d2, 0.5))
+            recurrent.append(step.step(r2d2, 0.5, 0))
             assert not step.in_flight
             assert all(len(v) == PIPELINE_ENVS for v in r2d2.memory.state.values())
         for i in range(len(recurrent) - 1):
