@@ -1,10 +1,12 @@
 """The env loop in a process of its own (``--vector-mode ahead``): its steps are exactly those of acting and
 stepping in lockstep, each labelled with the weights that chose it; a restart drops the steps under way;
-an actor streams with it end to end, refuses a recurrent policy, and leaves no process behind."""
+an actor streams with it end to end, refuses a recurrent policy, and leaves no process behind; an actor
+that cannot be built says why in one line."""
 
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from actorlearner.actor.stepping import Lockstep
 from actorlearner.algorithms import make_spec
 from actorlearner.envs import make_vector_env
 from actorlearner.envs.factory import env_factories
-from procs import start_actor, start_learner, status, stop, wait_until
+from procs import CHILD_ENV, start_actor, start_learner, status, stop, wait_until
 from test_env_workers import NOT_TRAINING, process_children, start_time, status_if
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -120,3 +122,16 @@ def test_a_recurrent_policy_is_refused_with_the_reason():
         assert status(port).inserted == 0
     finally:
         stop(learner)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--vector-mode", "bogus"], ["vector mode must be one of sync, async, workers, ahead", "'bogus'"]),
+    (["--env", "NoSuchEnv-v0"], ["cannot make environment 'NoSuchEnv-v0'"]),
+])
+def test_an_actor_that_cannot_be_built_says_why_in_one_line_and_exits_2(args, words):
+    done = subprocess.run([sys.executable, "-m", "actorlearner", "actor", "--learner", "127.0.0.1:1", *args],
+                          capture_output=True, text=True, timeout=120, env=CHILD_ENV)
+    errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
+    assert done.returncode == 2, done.stderr
+    assert len(errors) == 1 and all(word in errors[0] for word in words), done.stderr
+    assert "Traceback" not in done.stderr

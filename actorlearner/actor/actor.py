@@ -24,7 +24,7 @@ from actorlearner.actor.stepping import has_memory, stepper
 from actorlearner.algorithms import PRIORITY, AlgorithmSpec, Policy, TransitionAssembler, make_spec
 from actorlearner.config import ActorConfig
 from actorlearner.envs import make_env, make_vector_env
-from actorlearner.envs.factory import env_factories
+from actorlearner.envs.factory import VECTOR_MODES, env_factories
 from actorlearner.envs.multiagent import is_multi_agent, shared_spaces
 from actorlearner.frames import FrameLayout, algorithm_frames, batch_fields, frame_stack_of
 from actorlearner.league import Game, OpponentPool, SeatEnv
@@ -68,6 +68,9 @@ class Actor:
         self._games: list[Game] = []  # self-play games ended since the last batch
         self._opponents: set[str] = set()  # opponents of the games under way at the last batch or drawn since
         self._slots = itertools.count()
+        if config.vector_mode not in (*VECTOR_MODES, AHEAD_MODE):
+            raise ValueError(f"vector mode must be one of {', '.join((*VECTOR_MODES, AHEAD_MODE))}, "
+                             f"got {config.vector_mode!r}")
         if config.vector_mode == AHEAD_MODE:  # self-play was refused above: its opponents play in this process
             self.envs = LoopProcess(env_factories(config.env, config.num_envs, config.security,
                                                   frame_stack=config.frame_stack), config.torch_threads)

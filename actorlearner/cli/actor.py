@@ -12,13 +12,18 @@ from actorlearner.health import CONNECTED, Health
 def actor_command(config: ActorConfig) -> int:
     """Act until SIGTERM/SIGINT; then flush unacked batches and exit 0.
 
-    Exit 2, with one ERROR line and no traceback, if the learner refused this actor or sent
-    settings or weights it cannot apply (``LinkError``).
+    Exit 2, with one ERROR line and no traceback, if the actor cannot be built (an env that cannot
+    be made, a vector mode that does not exist), or the learner refused this actor or sent settings
+    or weights it cannot apply (``LinkError``).
     """
     from actorlearner.actor.actor import Actor
     from actorlearner.actor.link import LinkError
 
-    actor = Actor(config)
+    try:
+        actor = Actor(config)
+    except ValueError as exc:
+        logger.error("cannot start the actor: %s", exc)
+        return 2
     on_signals(actor.stop)
     health = Health()
     if config.health_port:
