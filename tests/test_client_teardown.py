@@ -23,23 +23,17 @@ from actorlearner.v1 import learner_pb2 as pb
 from procs import wait_until
 
 
-def request_threads() -> int:
-    """Threads on which gRPC is reading a stream's requests (each ends once its request iterator does)."""
-    frames = sys._current_frames()
-    count = 0
-    for thread in threading.enumerate():
-        frame = frames.get(thread.ident)
-        while frame is not None and frame.f_code.co_name != "consume_request_iterator":
-            frame = frame.f_back
-        count += frame is not None
-    return count
-
-
 def in_function(thread: threading.Thread, name: str) -> bool:
+    """Whether ``thread`` is running function ``name`` (anywhere on its stack)."""
     frame = sys._current_frames().get(thread.ident)
     while frame is not None and frame.f_code.co_name != name:
         frame = frame.f_back
     return frame is not None
+
+
+def request_threads() -> int:
+    """Threads on which gRPC is reading a stream's requests (each ends once its request iterator does)."""
+    return sum(in_function(thread, "consume_request_iterator") for thread in threading.enumerate())
 
 
 @pytest.fixture

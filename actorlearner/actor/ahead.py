@@ -28,7 +28,7 @@ import torch
 from actorlearner.actor.profile import StepProfile
 from actorlearner.actor.stepping import VectorStep, has_memory
 from actorlearner.algorithms import Policy
-from actorlearner.envs.workers import SharedSteps, copy_into, tree_map
+from actorlearner.envs.workers import SharedSteps, copy_into, probe, tree_map
 
 AHEAD_MODE = "ahead"
 """The ``--vector-mode`` that runs the env loop in a process of its own."""
@@ -117,10 +117,7 @@ class LoopProcess:
     """
 
     def __init__(self, env_fns: list[Callable[[], gym.Env]], torch_threads: int = 1):
-        probe = env_fns[0]()
-        self.single_observation_space, self.single_action_space = probe.observation_space, probe.action_space
-        self.metadata = dict(getattr(probe, "metadata", {}), autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
-        probe.close()
+        self.single_observation_space, self.single_action_space, self.metadata = probe(env_fns[0])
         self.num_envs = len(env_fns)
         ctx = mp.get_context("spawn")
         self._slots = [SharedSteps(ctx, self.single_observation_space, self.single_action_space, self.num_envs)
@@ -242,12 +239,12 @@ class Ahead:
                 raise ValueError(f"vector mode {AHEAD_MODE} needs a policy without memory: use sync or workers")
             self.loop.send("network", (policy.spec, self.seed))
             self._policy, self._config, self._version = policy, policy.config, None
-        if policy.config != self._config:
+        if policy.config is not self._config:  # retune replaces the config
             self.loop.send("retune", policy.config)
             self._config = policy.config
         if version != self._version:
             self.loop.send("weights", (version, policy.policy_state_dict()))
             self._version = version
-        if not np.array_equal(exploration, self._exploration):
+        if exploration is not self._exploration:  # the actor sets a new one per session
             self.loop.send("exploration", exploration)
             self._exploration = exploration

@@ -150,6 +150,17 @@ class WorkerEnvs:
             raise RuntimeError(f"env worker failed:\n{detail}")
 
 
+def probe(env_fn: Callable[[], gym.Env]) -> tuple[gym.Space, gym.Space, dict]:
+    """One env's observation and action spaces, and the metadata of a next-step-autoreset vector env of it
+    (the env is made here and closed)."""
+    env = env_fn()
+    try:
+        return env.observation_space, env.action_space, dict(getattr(env, "metadata", {}),
+                                                             autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    finally:
+        env.close()
+
+
 class PairedWorkerEnvs(gym.vector.VectorEnv):
     """A vector env of two :class:`WorkerEnvs` halves (next-step autoreset); ``halves`` for pipelining."""
 
@@ -157,10 +168,7 @@ class PairedWorkerEnvs(gym.vector.VectorEnv):
         self.halves: list[WorkerEnvs] = []
         if len(env_fns) < 2:
             raise ValueError(f"vector mode workers needs at least 2 envs (one per worker), got {len(env_fns)}")
-        probe = env_fns[0]()
-        self.single_observation_space, self.single_action_space = probe.observation_space, probe.action_space
-        self.metadata = dict(getattr(probe, "metadata", {}), autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
-        probe.close()
+        self.single_observation_space, self.single_action_space, self.metadata = probe(env_fns[0])
         self.num_envs = len(env_fns)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
