@@ -46,7 +46,7 @@ from bench_replay import Ours as ReplayOurs
 
 from actorlearner.algorithms.base import seeded
 from actorlearner.algorithms.registry import make_spec
-from actorlearner.host_reads import HostReads
+from actorlearner.audit import HostReads
 from actorlearner.replay import PrioritizedReplay
 
 from actorlearner.learner.step import LearnerStep

@@ -1,8 +1,16 @@
 """Shared fixtures: every device-aware test runs on CPU and, when there is one, on CUDA; and the order
 in which `make test` hands modules to its two pytest-xdist workers."""
 
+import os
+
 import pytest
 import torch
+
+# Without a GPU, triton's kernels run in its interpreter, on CPU tensors: the replay's Triton path is tested
+# through the same functions. Triton reads this at its first import; TRITON_INTERPRET=0 keeps them compiled.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+INTERPRETING_TRITON = os.environ.get("TRITON_INTERPRET") == "1"
 
 DEVICES = [
     "cpu",
@@ -17,11 +25,17 @@ def device(request) -> str:
 
 
 _CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-# The replay's kernel paths: the compiled CPU kernels, and the torch device path on CPU and CUDA.
+_INTERPRETED = pytest.mark.skipif(not INTERPRETING_TRITON, reason="triton compiles its kernels in this process: "
+                                  "tests/test_triton_tree.py reruns these in one that interprets them")
+_COMPILED = pytest.mark.skipif(INTERPRETING_TRITON, reason="triton interprets its kernels in this process")
+# The replay's kernel paths: the compiled CPU kernels, and the device path's torch operations and Triton
+# kernels, on the CPU (Triton interpreted) and on CUDA (compiled).
 REPLAY_PATHS = [
     pytest.param({"device": "cpu", "kernels": "auto"}, id="compiled"),
     pytest.param({"device": "cpu", "kernels": "torch"}, id="torch-cpu"),
+    pytest.param({"device": "cpu", "kernels": "triton"}, id="triton-cpu", marks=_INTERPRETED),
     pytest.param({"device": "cuda", "kernels": "torch"}, id="torch-cuda", marks=_CUDA),
+    pytest.param({"device": "cuda", "kernels": "triton"}, id="triton-cuda", marks=[*_CUDA, _COMPILED]),
 ]
 
 
@@ -41,15 +55,23 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(params=[path for path in REPLAY_PATHS if path.id != "triton-cpu"])
+def fast_replay_path(request) -> dict:
+    """:func:`replay_path` but for triton's interpreter (a hundred times slower per call): for tests of many
+    calls whose subject is not the Triton kernels (tests/test_triton_tree.py holds those to the torch code)."""
+    return request.param
+
+
 @pytest.fixture
-def make_tree(replay_path):
+def make_tree(fast_replay_path):
     """Builds the sum tree of one kernel path: ``make_tree(capacity, branching=16, max_top=4096)``."""
     from actorlearner.replay.sumtree import CpuSumTree, SumTree
 
     def make(capacity: int, branching: int = 16, max_top: int = 4096):
-        if replay_path["kernels"] == "auto":
+        if fast_replay_path["kernels"] == "auto":
             return CpuSumTree(capacity, branching)  # no flat top level: max_top is the torch tree's
-        return SumTree(capacity, branching, replay_path["device"], max_top=max_top)
+        return SumTree(capacity, branching, fast_replay_path["device"], max_top=max_top,
+                       triton=fast_replay_path["kernels"] == "triton")
     return make
 
 

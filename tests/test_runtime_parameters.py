@@ -165,8 +165,8 @@ def test_a_new_ratio_keeps_the_limiters_balance_and_its_state_round_trips():
     assert limiter.samples_per_insert == 2.0
 
 
-def test_a_new_alpha_reraises_every_stored_priority_and_leaves_empty_slots_empty(replay_path):
-    replay = PrioritizedReplay(64, {"x": ((), torch.float32)}, alpha=0.5, eps=0.0, **replay_path)
+def test_a_new_alpha_reraises_every_stored_priority_and_leaves_empty_slots_empty(fast_replay_path):
+    replay = PrioritizedReplay(64, {"x": ((), torch.float32)}, alpha=0.5, eps=0.0, **fast_replay_path)
     priorities = torch.arange(1, 11, dtype=torch.float64)
     replay.add({"x": torch.arange(10.0)}, priorities=priorities)
     replay.set_exponents(1.0, 0.9)

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 triton = pytest.importorskip("triton")
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from actorlearner.replay import triton_tree  # noqa: E402
+from actorlearner.replay import PrioritizedReplay, triton_tree  # noqa: E402
 from actorlearner.replay.sumtree import SumTree  # noqa: E402
 
 # One process runs the kernels interpreted or compiled, never both: what this one can't, a fresh one does.
@@ -31,17 +31,23 @@ compiled = pytest.mark.skipif(triton_tree.INTERPRETED, reason="this process inte
                               "test_compiled_in_a_fresh_process runs this")
 
 
-def _pytest_in_a_fresh_process(marker: str, interpret: str) -> None:
+def _pytest_in_a_fresh_process(args: list[str], interpret: str) -> None:
     env = {**os.environ, "TRITON_INTERPRET": interpret}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker, __file__],
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=os.path.dirname(__file__))
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
+
+
+INTERPRETED_ELSEWHERE = ["test_replay_buffer.py", "test_replay_snapshot.py", "test_concurrent_ingest.py",
+                         "test_device_step.py"]
+"""Modules whose cases with the replay's Triton kernels on the CPU (ids with "triton") need an interpreter."""
 
 
 def test_interpreted_in_a_fresh_process():
     if INTERPRETING:
         pytest.skip("this process interprets triton: the tests ran here")
-    _pytest_in_a_fresh_process("not cuda", "1")
+    _pytest_in_a_fresh_process(["-m", "not cuda", __file__], "1")
+    _pytest_in_a_fresh_process(["-m", "not cuda", "-k", "triton", *INTERPRETED_ELSEWHERE], "1")
 
 
 @pytest.mark.cuda
@@ -49,7 +55,7 @@ def test_interpreted_in_a_fresh_process():
 def test_compiled_in_a_fresh_process():
     if not triton_tree.INTERPRETED:
         pytest.skip("this process compiles triton's kernels: the tests ran here")
-    _pytest_in_a_fresh_process("cuda", "0")
+    _pytest_in_a_fresh_process(["-m", "cuda", __file__], "0")
 
 
 # (capacity, branching, max_top, height): heights 0 to 4, K from 2 to 16.
@@ -284,3 +290,96 @@ def test_cuda_sample_and_update_launches_and_graph_capture():
     if not kernels:
         pytest.skip("the profiler recorded no CUDA kernel (no CUPTI?)")
     assert len(kernels) == tree.height + 4, kernels
+
+
+# The replay's fused kernels (actorlearner/replay/triton_replay.py) against its torch operations: rows wider
+# than one step of the draw's gather loop, trees of heights 0 to 2.
+REPLAY_FIELDS = {"obs": ((3,), torch.float32), "frame": ((18, 16), torch.uint8), "flag": ((), torch.bool),
+                 "action": ((), torch.int64)}
+REPLAY_SHAPES = [(50, 16), (5000, 16), (9000, 2)]
+
+
+def _replays(capacity: int, branching: int, device: str = "cpu", items: int = 0) -> tuple:
+    """The same items in a replay of torch operations and one of Triton kernels (wrapping the ring)."""
+    g = torch.Generator().manual_seed(capacity)
+    replays = [PrioritizedReplay(capacity, REPLAY_FIELDS, device=device, kernels=kernels, branching=branching)
+               for kernels in ("torch", "triton")]
+    for _ in range(3):
+        n = (items or capacity) // 2 + 7
+        batch = {"obs": torch.rand(n, 3, generator=g), "frame": torch.randint(0, 256, (n, 18, 16), generator=g).byte(),
+                 "flag": torch.rand(n, generator=g) < 0.5, "action": torch.randint(0, 9, (n,), generator=g)}
+        priorities, versions = torch.rand(n, generator=g, dtype=torch.float64) * 3, torch.randint(0, 4, (n,))
+        for replay in replays:
+            replay.add(batch, priorities=priorities, policy_version=versions)
+    return replays
+
+
+def _same_samples(a, b) -> None:
+    assert torch.equal(a.indices, b.indices) and torch.equal(a.policy_version, b.policy_version)
+    assert all(torch.equal(a.data[name], b.data[name]) for name in a.data)
+    torch.testing.assert_close(a.weights, b.weights, rtol=1e-6, atol=0)  # pow: libdevice's or exp(log)
+
+
+@in_interpreter
+@pytest.mark.parametrize("capacity, branching", REPLAY_SHAPES)
+def test_replay_draws_and_updates_match_the_torch_path(capacity, branching):
+    """The same draws (slots bit for bit, rows, weights), the same refusals, the same leaves after updates
+    with repeated keys (last write wins), stale keys (overwritten items: ignored), and an eviction."""
+    by_torch, by_triton = _replays(capacity, branching)
+    assert by_triton._kernels is not None and by_torch._kernels is None
+    g = torch.Generator().manual_seed(1)
+    for step, batch in enumerate((1, 7, min(256, capacity), 32)):
+        min_version = 2 if step == 3 else None
+        with torch.random.fork_rng(devices=[]):
+            want = by_torch.sample(batch, min_policy_version=min_version)
+        got = by_triton.sample(batch, min_policy_version=min_version)
+        _same_samples(got, want)
+        stale = torch.randint(0, max(1, by_torch.inserted - capacity), (3,), generator=g)
+        keys = torch.cat([want.indices, want.indices[:2], stale])
+        new = torch.rand(keys.shape[0], generator=g) * 5
+        if step == 2:  # one NaN: the whole call is refused, and said so at the next read
+            new[5] = float("nan")
+        for replay in (by_torch, by_triton):
+            replay.update_priorities(keys, new)
+        torch.testing.assert_close(by_triton._tree.leaves, by_torch._tree.leaves, rtol=1e-13, atol=0)
+        assert float(by_triton._max_priority_t) == float(by_torch._max_priority_t)
+        for replay in (by_torch, by_triton):
+            if step == 2:
+                with pytest.raises(ValueError, match="NaN"):
+                    replay.check_errors()
+            replay.check_errors()
+
+
+@pytest.mark.cuda
+@compiled
+@needs_cuda
+@pytest.mark.parametrize("capacity, branching", REPLAY_SHAPES)
+def test_cuda_replay_kernels_match_torch_and_are_captured_in_seven_launches(capacity, branching):
+    """Compiled on CUDA: the same draws and leaves as the replay's torch operations there (libdevice's pow
+    is torch's), and a draw + update captured in a CUDA graph: height + 5 kernels a replay."""
+    by_torch, by_triton = _replays(capacity, branching, "cuda")
+    for batch in (7, 256):
+        with torch.random.fork_rng(devices=["cuda"]):
+            want = by_torch.sample(batch)
+        got = by_triton.sample(batch)
+        _same_samples(got, want)
+        new = torch.rand(batch, device="cuda") * 5
+        for replay in (by_torch, by_triton):
+            replay.update_priorities(got.indices, new)
+        torch.testing.assert_close(by_triton._tree.leaves, by_torch._tree.leaves, rtol=1e-12, atol=0)
+    new = torch.rand(256, device="cuda")
+    assert by_triton.start_sample(256)
+    by_triton.update_priorities(by_triton.draw(256).indices, new)  # kernels compiled, outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sample = by_triton.draw(256)
+        by_triton.update_priorities(sample.indices, new)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not kernels:
+        pytest.skip("the profiler recorded no CUDA kernel (no CUPTI?)")
+    assert len(kernels) == by_triton._tree.height + 5, kernels
+    by_triton.check_errors()

@@ -27,15 +27,16 @@ WARMUP_STEPS = 3
 
 class MetricSums:
     """A step's metrics summed without reading them: eager steps' 0-d tensors are kept as they are (no
-    device work at all) and a captured step adds its own into device sums; :meth:`read` reads both at once."""
+    device work at all), each captured graph adds its own into device sums of its own (made before
+    its capture, never reallocated: the graph writes them on every replay); :meth:`read` reads all at once."""
 
     MAX_KEPT = 4096
-    """Kept tensors past which they are folded into the device sums (a caller that never reads)."""
+    """Kept tensors past which they are folded into device sums (a caller that never reads)."""
 
     def __init__(self):
-        self.names: tuple[str, ...] = ()
-        self.sums: torch.Tensor | None = None  # per name in ``names``, on the device
         self._kept: list[tuple[str, torch.Tensor]] = []
+        self._folded: dict[str, torch.Tensor] = {}  # eager steps' folded sums, 0-d on the device
+        self._captured: list[tuple[tuple[str, ...], torch.Tensor]] = []  # each graph's names and sums
         self._host: dict[str, float] = {}  # metrics given as numbers
         self.count = 0
 
@@ -51,44 +52,41 @@ class MetricSums:
             self.fold()
 
     def fold(self) -> None:
-        """Add the kept tensors into the device sums (device work, no read; new names grow the sums)."""
-        if not self._kept:
-            return
-        names = list(self.names) + sorted({name for name, _ in self._kept} - set(self.names))
-        device = self._kept[0][1].device
-        if self.sums is None:
-            self.sums = torch.zeros(len(names), dtype=torch.float64, device=device)
-        elif len(names) > len(self.names):
-            self.sums = torch.cat([self.sums, self.sums.new_zeros(len(names) - len(self.names))])
-        self.names = tuple(names)
-        index = torch.tensor([names.index(name) for name, _ in self._kept], device=device)
-        self.sums.index_add_(0, index, _stacked([value for _, value in self._kept]))
+        """Add the kept tensors into the folded sums (device work, no read)."""
+        for name, value in self._kept:
+            value = value.reshape(()).to(torch.float64)
+            self._folded[name] = self._folded[name].add_(value) if name in self._folded else value.clone()
         self._kept.clear()
 
-    def adder(self, names: tuple[str, ...]) -> Callable[[Mapping[str, torch.Tensor]], None]:
-        """A function adding metrics of these names into the device sums in place: device work only, which
-        a captured step records (the sums and its index exist before the capture)."""
-        self.fold()
-        if self.sums is None or not set(names) <= set(self.names):
-            raise ValueError(f"metrics {names} were never added eagerly before the capture")
-        index = torch.tensor([self.names.index(name) for name in names], device=self.sums.device)
+    def adder(self, names: tuple[str, ...], device: torch.device) -> Callable[[Mapping[str, torch.Tensor]], None]:
+        """A function adding metrics of these names into device sums of its own, in place: device work
+        only, which a captured step records."""
+        sums = torch.zeros(len(names), dtype=torch.float64, device=device)
+        self._captured.append((names, sums))
 
         def add_on_device(metrics: Mapping[str, torch.Tensor]) -> None:
-            self.sums.index_add_(0, index, _stacked([metrics[name].detach() for name in names]))
+            sums.add_(_stacked([metrics[name].detach() for name in names]))
         return add_on_device
 
     def read(self) -> dict[str, float]:
         """The mean of each metric since the last read, in one host read; then starts again."""
         totals = dict(self._host)
-        parts = ([self.sums] if self.sums is not None else []) + (
-            [_stacked([value for _, value in self._kept])] if self._kept else [])
+        names, parts = [], []
+        for captured_names, sums in self._captured:
+            names += captured_names
+            parts.append(sums)
+        if self._folded:
+            names += self._folded
+            parts.append(torch.stack(list(self._folded.values())))
+        if self._kept:
+            names += [name for name, _ in self._kept]
+            parts.append(_stacked([value for _, value in self._kept]))
         if parts:
-            values = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()
-            for name, value in zip([*(self.names if self.sums is not None else ()),
-                                    *(name for name, _ in self._kept)], values):
+            for name, value in zip(names, (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()):
                 totals[name] = totals.get(name, 0.0) + value
-        if self.sums is not None:
-            self.sums.zero_()
+        for _, sums in self._captured:
+            sums.zero_()
+        self._folded.clear()
         self._kept.clear()
         self._host = dict.fromkeys(self._host, 0.0)
         count, self.count = self.count, 0
@@ -116,6 +114,8 @@ class LearnerStep:
                and torch.device(trainer.device) == replay.device)
         self.capture = can if capture is None else capture and can
         self._graphs: dict[Hashable, torch.cuda.CUDAGraph | int] = {}  # phase -> its graph, or warm-up steps so far
+        self.capture_error: str | None = None
+        """Why the step could not be captured (it runs eagerly since), or None."""
         self.metrics = MetricSums()
 
     def __call__(self, min_policy_version: int | None = None) -> bool:
@@ -191,7 +191,7 @@ class LearnerStep:
         """Capture one step of ``phase`` (recording runs nothing: this step already ran eagerly); a step
         that can't be captured (a trainer breaking `CapturableTrainer`'s rules) runs eagerly from now on."""
         graph = torch.cuda.CUDAGraph()
-        add_metrics = self.metrics.adder(names)
+        add_metrics = self.metrics.adder(names, self.replay.device)
         try:
             for generator in self.trainer.generators():
                 graph.register_generator_state(generator)
@@ -200,9 +200,9 @@ class LearnerStep:
             # Ingest threads copy into the replay meanwhile: only this thread's calls must be capture-safe.
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 add_metrics(self._device_step())
-        except Exception:
+        except Exception as exc:
             logger.warning("the learner step could not be captured in a CUDA graph; it runs eagerly", exc_info=True)
-            self.capture = False
+            self.capture, self.capture_error = False, f"{type(exc).__name__}: {exc}"
             return
         self._graphs[phase] = graph
         logger.info("learner step captured in a CUDA graph (phase %r)", phase)

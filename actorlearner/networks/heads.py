@@ -32,9 +32,19 @@ class ActionBranches:
     dtype: np.dtype
 
     def to_indices(self, actions: Tensor) -> Tensor:
-        """Actions ``[B, *shape]`` -> branch indices ``[B, D]`` (long, starts subtracted)."""
-        starts = torch.tensor(self.starts, dtype=torch.long, device=actions.device)
-        return actions.reshape(actions.shape[0], len(self.sizes)).long() - starts
+        """Actions ``[B, *shape]`` -> branch indices ``[B, D]`` (long, starts subtracted): device work only,
+        so a captured step may call it. Branches with one start subtract a number; others a tensor of
+        starts made on a device's first call (a trainer's eager warm-up step), then kept."""
+        indices = actions.reshape(actions.shape[0], len(self.sizes)).long()
+        if len(set(self.starts)) == 1:
+            return indices - self.starts[0] if self.starts[0] else indices
+        return indices - self._starts_on(actions.device)
+
+    def _starts_on(self, device: torch.device) -> Tensor:
+        kept = self.__dict__.setdefault("_device_starts", {})  # not a field: the dataclass is frozen
+        if device not in kept:
+            kept[device] = torch.tensor(self.starts, dtype=torch.long, device=device)
+        return kept[device]
 
     def from_indices(self, indices: Tensor | np.ndarray) -> np.ndarray:
         """Branch indices ``[B, D]`` -> actions ``[B, *shape]`` in the space's dtype (starts added)."""

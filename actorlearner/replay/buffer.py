@@ -22,6 +22,7 @@ from actorlearner.replay.frame_ring import FRAME, FrameRing
 from actorlearner.replay.layout import KEY, VERSION, FieldSpec, gather_rows, numpy_dtype, row_layout, typed_columns
 from actorlearner.replay.snapshot import ReplaySnapshot
 from actorlearner.replay.sumtree import CpuSumTree, SumTree
+from actorlearner.replay.versions import VersionIndex
 from actorlearner.wire import FRAMES
 
 
@@ -74,9 +75,10 @@ class PrioritizedReplay(Checkpointing, ABC):
 
     ``PrioritizedReplay(...)`` builds one of two paths. On the CPU, ``kernels="auto"`` gives a
     :class:`~actorlearner.replay.compiled.CompiledReplay`: add, sample and update as compiled
-    kernels (one call each, GIL released; :mod:`actorlearner.replay.kernels`). ``"torch"``, and
-    any other device, give a :class:`~actorlearner.replay.device.DeviceReplay`: batched torch
-    operations, what CUDA runs.
+    kernels (one call each, GIL released; :mod:`actorlearner.replay.kernels`). Any other device,
+    and ``"torch"`` or ``"triton"``, give a :class:`~actorlearner.replay.device.DeviceReplay`, what
+    CUDA runs: its Triton kernels on CUDA (``"auto"``), torch operations (``"torch"``), or its
+    Triton kernels wherever they run (``"triton"``: on the CPU in triton's interpreter, for tests).
 
     With ``frames`` (a :class:`~actorlearner.frames.FrameLayout`), the fields it names hold frame
     indices into each batch's ``frames`` field, and the frames are kept once, in a ring of
@@ -93,10 +95,10 @@ class PrioritizedReplay(Checkpointing, ABC):
         PrioritizedReplay._paths[compiled] = cls
 
     def __new__(cls, *args, device: str | torch.device = "cpu", kernels: str = "auto", **kwargs):
-        """The one place a path is chosen: the compiled kernels on the CPU unless ``kernels="torch"``."""
+        """The one place a path is chosen: the compiled kernels on the CPU unless told otherwise."""
         if cls is PrioritizedReplay:
-            if kernels not in ("auto", "torch"):
-                raise ValueError(f"kernels must be 'auto' or 'torch', got {kernels!r}")
+            if kernels not in ("auto", "torch", "triton"):
+                raise ValueError(f"kernels must be 'auto', 'torch' or 'triton', got {kernels!r}")
             cls = PrioritizedReplay._paths[torch.device(device).type == "cpu" and kernels == "auto"]
         return super().__new__(cls)
 
@@ -141,6 +143,7 @@ class PrioritizedReplay(Checkpointing, ABC):
         self._inserted = 0
         self._sample_calls = 0
         self._min_version: int | None = None  # items below it were evicted by sample()
+        self._versions_index = VersionIndex(capacity)
         self._snapshots: list[ReplaySnapshot] = []  # open ones: add() saves the rows they still need
         self.pending = 0
         """Reservations not yet committed or aborted."""
@@ -220,7 +223,7 @@ class PrioritizedReplay(Checkpointing, ABC):
         for snapshot in self._snapshots:
             snapshot._save_rows_before_insert(dropped + n)
         if dropped:
-            self._hide(self._inserted % self.capacity, min(dropped, self.capacity))
+            self._hide_for(self._inserted, min(dropped, self.capacity))
             self._inserted += dropped
             self.abandoned += dropped
         if n > self.capacity:
@@ -237,7 +240,7 @@ class PrioritizedReplay(Checkpointing, ABC):
         reservation = Reservation(columns, n, self._inserted % self.capacity, self._inserted, priorities, versions,
                                   frame_reservation)
         if n:
-            self._hide(reservation.start, n)
+            self._hide_for(self._inserted, n)
             self._inserted += n
             self.pending += 1
         return reservation
@@ -256,6 +259,7 @@ class PrioritizedReplay(Checkpointing, ABC):
         if reservation.n == 0:
             return keys
         self._store(reservation, keys)
+        self._versions_index.store(reservation.start, reservation.first_key, reservation.n, reservation.versions)
         self.pending -= 1
         return keys
 
@@ -345,6 +349,10 @@ class PrioritizedReplay(Checkpointing, ABC):
     def _sample_by_priority(self, batch_size: int, beta: float) -> Sample:
         """Stratified draws from the tree (whose total is positive) with their IS weights."""
 
+    @abstractmethod
+    def _zero_evicted(self, slots: np.ndarray) -> None:
+        """Set to zero the leaves of those ``slots`` whose item's version is below the eviction version."""
+
     # -- shared helpers -----------------------------------------------------------------------
 
     def _check_batch(self, batch: Mapping) -> tuple[dict, int]:
@@ -395,13 +403,18 @@ class PrioritizedReplay(Checkpointing, ABC):
         return Sample(keys, weights, columns, versions)
 
     def _evict_older_than(self, min_version: int) -> None:
+        """Zero the items below ``min_version`` for good: the slots of the versions passed, no others."""
         if self._min_version is not None and min_version <= self._min_version:
             return
         self._min_version = min_version
-        n = len(self)
-        stale = torch.nonzero((self._versions[:n] < min_version) & (self._tree.leaves[:n] > 0)).squeeze(1)
-        if stale.numel():
-            self._tree.update(stale, torch.zeros(stale.numel(), dtype=torch.float64, device=self.device))
+        slots = self._versions_index.evict_below(min_version)
+        if slots.size:
+            self._zero_evicted(slots)
+
+    def _hide_for(self, first_key: int, n: int) -> None:
+        """Empty the slots that keys ``first_key ...`` (``n`` of them) are about to take."""
+        self._hide(first_key % self.capacity, n)
+        self._versions_index.hide(first_key % self.capacity, n, first_key)
 
     def _uniform_eligible(self, batch_size: int) -> torch.Tensor:
         n = len(self)

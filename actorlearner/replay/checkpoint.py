@@ -76,7 +76,4 @@ class Checkpointing:
             self._frame_ring.store.load_state_dict({k.removeprefix("frames."): v for k, v in state.items()
                                                     if k.startswith("frames.")})
             self._frame_ring.load(state["frame_inserts"])
-        self._loaded()
-
-    def _loaded(self) -> None:
-        """Called once a state is loaded: a path rebuilds what it keeps beside the stored rows."""
+        self._versions_index.rebuild(self._keys.cpu().numpy(), self._versions.cpu().numpy(), self._min_version)

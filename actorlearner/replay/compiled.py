@@ -107,6 +107,10 @@ class CompiledReplay(PrioritizedReplay, compiled=True):
             out[name] = torch.from_numpy(typed[:, start] if not shape else typed[:, start:stop].reshape(-1, *shape))
         return out
 
+    def _zero_evicted(self, slots: np.ndarray) -> None:
+        leaves = self._tree.leaves.numpy()
+        self._tree.update(slots, np.where(self._versions_np[slots] < self._min_version, 0.0, leaves[slots]))
+
     def _min_version_or_lowest(self) -> int:
         return _LOWEST_VERSION if self._min_version is None else self._min_version
 

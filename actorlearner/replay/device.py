@@ -1,10 +1,13 @@
-"""The replay's device path: batched torch operations on any device (what CUDA runs), with no host read.
+"""The replay's device path: what CUDA runs, as Triton kernels or batched torch operations, with no host read.
 
 Sampling and priority updates are a fixed sequence of device operations that never read a value
 back to the host, so on CUDA nothing waits for the GPU and a fixed-size :meth:`DeviceReplay.draw`
-with :meth:`~DeviceReplay.update_priorities` can be captured in a CUDA graph. What the host must
-know (is anything eligible to sample?) it keeps itself from what it inserted; what only the device
-knows (was a priority NaN?) is counted there and raised by :meth:`DeviceReplay.check_errors`.
+with :meth:`~DeviceReplay.update_priorities` can be captured in a CUDA graph. With the Triton
+kernels (:mod:`~actorlearner.replay.triton_replay`) that is three launches for a draw and
+height + 3 for an update. Inserts never wait either: rows, versions and priorities reach the
+device through pinned staging (:mod:`~actorlearner.replay.staging`). What the host must know (is
+anything eligible to sample?) it keeps itself from what it inserted; what only the device knows
+(was a priority NaN?) is counted there and raised by :meth:`DeviceReplay.check_errors`.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ import numpy as np
 import torch
 
 from actorlearner.replay.buffer import PrioritizedReplay, Reservation, Sample
-from actorlearner.replay.layout import gather_rows, ring_parts
+from actorlearner.replay.layout import KEY, VERSION, ring_parts
 from actorlearner.replay.staging import RowStaging
-from actorlearner.replay.sumtree import SumTree
+from actorlearner.replay.sumtree import SumTree, _last_write_wins
 
 # The buffer only reads its inputs, so read-only arrays (views of a received payload) are fine.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable", module=re.escape(__name__))
@@ -29,23 +32,30 @@ _ERRORS = ("NaN", "infinite", "negative", "out of range")  # what update_priorit
 
 
 class DeviceReplay(PrioritizedReplay, compiled=False):
-    """:class:`PrioritizedReplay` as torch operations on its device, over a :class:`SumTree`.
+    """:class:`PrioritizedReplay` as device operations over a :class:`SumTree`: its Triton kernels on CUDA
+    (``kernels="auto"``, where triton compiles them) or on the CPU in triton's interpreter
+    (``kernels="triton"``), torch operations otherwise.
 
     Runtime values the device operations read (alpha, beta, the eviction version, the largest
-    priority) are device tensors, refilled from the host when they change, never baked into a
-    captured graph. The host mirrors each slot's version and whether it holds an item, so it
-    knows without asking the device whether any item may be sampled.
+    priority, the keys issued) are device tensors, refilled in place when they change, never baked
+    into a captured graph.
     """
 
-    def __init__(self, capacity: int, *args, device: str | torch.device = "cpu", **kwargs):
+    def __init__(self, capacity: int, *args, device: str | torch.device = "cpu", kernels: str = "auto", **kwargs):
         self.device = torch.device(device)  # the runtime values' device tensors are made from the start
-        self._host_versions = np.zeros(capacity, dtype=np.int64)
-        self._host_stored = np.zeros(capacity, dtype=bool)
-        self._eligible = 0  # stored items at or above the eviction version: all have positive leaves
+        self._use_triton = {"auto": None, "torch": False, "triton": True}[kernels]
         super().__init__(capacity, *args, device=device, **kwargs)
         self._errors = torch.zeros(len(_ERRORS), dtype=torch.long, device=self.device)
+        self._refused = torch.zeros((), dtype=torch.long, device=self.device)  # this call's errors (kernels)
         self._beta_t = torch.zeros((), dtype=torch.float64, device=self.device)
-        self._staging = RowStaging(self._rows, self._layout) if self.device.type == "cuda" else None
+        self._staged_priorities = torch.zeros(capacity, dtype=torch.float64, device=self.device)
+        self._staging = RowStaging(self._rows, self._layout, self._staged_priorities)
+        self._words = self._rows.view(torch.int64)
+        self._key_word, self._version_word = (self._layout[name][0] // 8 for name in (KEY, VERSION))
+        self._kernels = None
+        if self._tree._triton is not None:
+            from actorlearner.replay import triton_replay
+            self._kernels = triton_replay
 
     # -- runtime values kept on the device too -------------------------------------------------
 
@@ -84,17 +94,13 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
     def _min_version(self, value: int | None) -> None:
         self._evicted_below = value
         self._device_scalar("_min_version_t", _NO_VERSION if value is None else value, torch.long)
-        self._eligible = int(np.count_nonzero(self._host_stored & (self._host_versions >= self._lowest_eligible())))
 
     def _device_scalar(self, name: str, value, dtype: torch.dtype) -> None:
         """Set the 0-d device tensor ``name`` to ``value`` in place (a captured graph keeps reading it)."""
         if name in vars(self):
             getattr(self, name).fill_(value)
         else:
-            setattr(self, name, torch.tensor(value, dtype=dtype, device=self.device))
-
-    def _lowest_eligible(self) -> int:
-        return _NO_VERSION if self._evicted_below is None else self._evicted_below
+            setattr(self, name, torch.full((), value, dtype=dtype, device=self.device))
 
     # -- sampling: a host half, then device operations only ------------------------------------
 
@@ -104,12 +110,16 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
         return self._set_beta(self._begin_sample(batch_size, min_policy_version))
 
     def draw(self, batch_size: int) -> Sample:
-        """Stratified draws and IS weights after :meth:`start_sample` said True: device operations only."""
+        """Stratified draws, their IS weights and rows after :meth:`start_sample` said True: device work only."""
         with torch.no_grad():  # not inference mode: what it returns goes into the trainer's autograd
-            slots = self._tree.sample_positive(batch_size)
-            leaf = self._tree.leaves.index_select(0, slots)
-            weights = leaf.div_(self._tree.min_positive()).pow_(-self._beta_t).float()
-            return self._sample_of_rows(gather_rows(self._rows, slots), weights)
+            if self._kernels is not None:
+                _, weights, words = self._kernels.draw(self._tree, self._words, self._beta_t, batch_size)
+            else:
+                slots = self._tree.sample_positive(batch_size)
+                leaf = self._tree.leaves.index_select(0, slots)
+                weights = leaf.div_(self._tree.min_positive()).pow_(-self._beta_t).float()
+                words = self._words.index_select(0, slots)
+            return self._sample_of_rows(words.view(torch.uint8), weights)
 
     def draw_on_host(self, batch_size: int) -> Sample:
         """What :meth:`draw` can't: uniform over eligible items when their priorities are all zero
@@ -123,18 +133,17 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
         """Take this sample's beta (on the device too); whether :meth:`draw` may follow."""
         self._beta_t.fill_(beta)
         self._host_beta = beta
-        return self._eligible > 0 and self.eps ** self.alpha > 0  # then every eligible leaf is positive
+        return self._versions_index.eligible > 0 and self.eps ** self.alpha > 0  # then every eligible leaf is positive
 
     def _sample_by_priority(self, batch_size: int, beta: float) -> Sample:
         return self.draw(batch_size)
 
-    def _evict_older_than(self, min_version: int) -> None:
-        if self._min_version is not None and min_version <= self._min_version:
-            return
-        self._min_version = min_version
+    def _zero_evicted(self, slots: np.ndarray) -> None:
         with torch.inference_mode():
-            leaves = self._tree.leaves
-            self._tree.update_range(0, torch.where(self._versions < self._min_version_t, 0.0, leaves))
+            slots = self._staging.pool.upload(slots)
+            leaves = self._tree.leaves.index_select(0, slots)
+            self._tree.update(slots, torch.where(self._versions.index_select(0, slots) < self._min_version_t,
+                                                 0.0, leaves))
 
     # -- priority updates: checked on the device ------------------------------------------------
 
@@ -143,28 +152,35 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
         """As :meth:`PrioritizedReplay.update_priorities`; values given as device tensors are checked on
         the device: a call with any NaN, infinite or negative priority or unknown key changes nothing,
         and :meth:`check_errors` raises the error. Host values (numpy, lists) raise at once."""
-        keys = self._as_input(indices, torch.long).reshape(-1)
         if not isinstance(priorities, torch.Tensor):
             self._check_host_priorities(np.asarray(priorities, dtype=np.float64).reshape(-1))
         if not isinstance(indices, torch.Tensor):
             self._check_host_keys(np.asarray(indices, dtype=np.int64).reshape(-1))
-        p = self._as_input(priorities, torch.float64).reshape(-1)
+        keys = self._as_input(indices, torch.long).reshape(-1)
+        p = priorities.reshape(-1) if isinstance(priorities, torch.Tensor) and priorities.device == self.device \
+            and priorities.dtype in (torch.float32, torch.float64) else self._as_input(priorities, torch.float64).reshape(-1)
         if p.shape[0] != keys.shape[0]:
             raise ValueError(f"got {p.shape[0]} priorities for {keys.shape[0]} items")
         if keys.numel() == 0:
             return
-        slots = keys.remainder(self.capacity)
+        if self._kernels is not None:
+            self._kernels.update_priorities(
+                self._tree, keys, p, words=self._words, key_word=self._key_word, version_word=self._version_word,
+                inserted=self._inserted_t, min_version=self._min_version_t, alpha=self._alpha_t, eps=self.eps,
+                errors=self._errors, refused=self._refused, max_priority=self._max_priority_t)
+            return
+        p = p.to(torch.float64)
         known = (keys >= 0) & (keys < self._inserted_t)
         counts = torch.stack([p.isnan().sum(), p.isinf().sum(), (p < 0).sum(), (~known).sum()])
         self._errors += counts
         accepted = counts.sum() == 0
         p = torch.where(accepted, p, 0.0)
         torch.maximum(self._max_priority_t, p.max(), out=self._max_priority_t)
+        # One write per key, the last; sorted by key, so a slot's live key (its newest) comes after the
+        # stale ones of items overwritten since they were sampled, and the tree keeps that order.
+        keys, p = _last_write_wins(keys, p)
+        slots = keys.remainder(self.capacity)
         live = (self._keys.index_select(0, slots) == keys) & accepted
-        # Items overwritten since they were sampled keep their slot's value; sorted before the live
-        # writes to the same slot, so the last live write wins (the tree keeps this stable order).
-        order = torch.sort(slots * 2 + live, stable=True).indices
-        slots, live, p = slots.index_select(0, order), live.index_select(0, order), p.index_select(0, order)
         values = torch.where(live, self._leaf_values(p, self._versions.index_select(0, slots)),
                              self._tree.leaves.index_select(0, slots))
         self._tree.update(slots, values)
@@ -190,32 +206,27 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
         if bad.size:
             raise ValueError(f"indices out of range [0, {self._inserted}): {bad[:5].tolist()}")
 
-    def _check_priorities(self, priorities, n: int) -> torch.Tensor:
-        """An insert's priorities, checked on the host (read back if given on the device: inserts may wait)."""
+    def _check_priorities(self, priorities, n: int) -> np.ndarray:
+        """An insert's priorities, checked on the host (read back if given on the device: inserts may wait);
+        they reach the device with the insert's rows, and the running maximum with the commit."""
         if isinstance(priorities, torch.Tensor):
             priorities = priorities.detach().cpu()
         p = np.asarray(priorities, dtype=np.float64).reshape(-1)
         if p.shape[0] != n:
             raise ValueError(f"got {p.shape[0]} priorities for {n} items")
         self._check_host_priorities(p)
-        if n:
-            torch.maximum(self._max_priority_t, torch.tensor(p.max(), device=self.device), out=self._max_priority_t)
-        return torch.from_numpy(p)
+        return p
 
     # -- inserts --------------------------------------------------------------------------------
 
     def _copy_in(self, reservation: Reservation) -> None:
-        if reservation.n == 0:
-            return
-        with torch.inference_mode():
-            if self._staging is not None:
-                self._staging.write(reservation.columns, reservation.start)
-                return
-            for name, col in reservation.columns.items():
-                self._write(self._columns[name], reservation.start, col)
+        if reservation.n:
+            with torch.inference_mode():
+                self._staging.write(reservation.columns, reservation.versions, reservation.priorities,
+                                    reservation.start)
 
     def _make_tree(self, branching: int) -> SumTree:
-        return SumTree(self.capacity, branching, self.device)
+        return SumTree(self.capacity, branching, self.device, triton=self._use_triton)
 
     def _as_input(self, value, dtype: torch.dtype) -> torch.Tensor:
         if isinstance(value, np.ndarray):
@@ -223,7 +234,7 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
         return torch.as_tensor(value, device=self.device).to(dtype)
 
     def _as_versions(self, value) -> np.ndarray:
-        """Versions stay on the host, as numpy, until the commit (the host mirrors them)."""
+        """Versions stay on the host, as numpy: the staging copies them in with the rows."""
         if isinstance(value, torch.Tensor):
             value = value.detach().cpu()
         return np.asarray(value, dtype=np.int64)
@@ -236,48 +247,23 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
         raise NotImplementedError("the device path checks priorities in _check_priorities")
 
     def _hide(self, start: int, n: int) -> None:
-        for at, stop, _ in ring_parts(start, n, self.capacity):
-            stored = self._host_stored[at:stop]
-            self._eligible -= int(np.count_nonzero(stored & (self._host_versions[at:stop] >= self._lowest_eligible())))
-            stored[:] = False
         with torch.inference_mode():
-            self._write(self._keys, start, torch.full((n,), -1, dtype=torch.long, device=self.device))
-            self._write(None, start, torch.zeros(n, dtype=torch.float64, device=self.device))
+            for at, stop, _ in ring_parts(start, n, self.capacity):
+                self._keys[at:stop].fill_(-1)
+                self._tree.update_range(at, torch.zeros(stop - at, dtype=torch.float64, device=self.device))
 
     def _store(self, reservation: Reservation, keys: torch.Tensor) -> None:
-        n, start = reservation.n, reservation.start
-        host_versions = np.broadcast_to(reservation.versions, (n,))  # one version for all items, or one each
-        for at, stop, offset in ring_parts(start, n, self.capacity):
-            versions_part = host_versions[offset:offset + stop - at]
-            self._host_versions[at:stop] = versions_part
-            self._host_stored[at:stop] = True
-            self._eligible += int(np.count_nonzero(versions_part >= self._lowest_eligible()))
+        """Keys from the commit; versions and priorities from the staged copy (device work only)."""
         with torch.inference_mode():
-            versions = torch.from_numpy(np.ascontiguousarray(host_versions)).to(self.device, non_blocking=True)
-            if reservation.priorities is None:
-                priorities = self._max_priority_t.expand(n)
-            else:
-                priorities = reservation.priorities.to(self.device, non_blocking=True)
-            self._write(self._keys, start, keys)
-            self._write(self._versions, start, versions)
-            self._write(None, start, self._leaf_values(priorities, versions))
-
-    def _loaded(self) -> None:
-        n = len(self)
-        self._host_stored[:] = False
-        self._host_stored[:n] = (self._keys[:n] >= 0).cpu().numpy()
-        self._host_versions[:] = self._versions.cpu().numpy()
-        self._min_version = self._min_version  # recounts the eligible items
+            for at, stop, offset in ring_parts(reservation.start, reservation.n, self.capacity):
+                self._keys[at:stop].copy_(keys[offset:offset + stop - at])
+                if reservation.priorities is None:
+                    priorities = self._max_priority_t.expand(stop - at)
+                else:
+                    priorities = self._staged_priorities[at:stop]
+                    torch.maximum(self._max_priority_t, priorities.max(), out=self._max_priority_t)
+                self._tree.update_range(at, self._leaf_values(priorities, self._versions[at:stop]))
 
     def _leaf_values(self, priorities: torch.Tensor, versions: torch.Tensor) -> torch.Tensor:
         leaf = (priorities + self.eps).pow_(self._alpha_t)
         return torch.where(versions >= self._min_version_t, leaf, 0.0)  # evicted versions stay at zero
-
-    def _write(self, store: torch.Tensor | None, start: int, values: torch.Tensor) -> None:
-        """Copy ``values`` into the circular ``store`` (or the tree's leaves) from ``start``, wrapping once."""
-        for at, stop, offset in ring_parts(start, values.shape[0], self.capacity):
-            part = values[offset:offset + stop - at]
-            if store is None:
-                self._tree.update_range(at, part)
-            else:
-                store[at:stop].copy_(part, non_blocking=True)

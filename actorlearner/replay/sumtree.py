@@ -41,7 +41,7 @@ class SumTree:
     """
 
     def __init__(self, capacity: int, branching: int = 16, device: str | torch.device = "cpu",
-                 max_top: int = 4096):
+                 max_top: int = 4096, triton: bool | None = None):
         if capacity < 1 or branching < 2 or max_top < 1:
             raise ValueError(f"need capacity >= 1, branching >= 2, max_top >= 1; got "
                              f"{capacity}, {branching}, {max_top}")
@@ -60,7 +60,7 @@ class SumTree:
         self._top_cumsum = torch.zeros(top, **kw)
         self._top_before = torch.zeros(top, **kw)  # mass left of each top node
         self._min = torch.full((), math.inf, **kw)
-        self._triton = _triton_kernels(self.device)  # None: the torch code below
+        self._triton = triton_kernels(self.device, triton)  # None: the torch code below
 
     @property
     def leaves(self) -> torch.Tensor:
@@ -256,15 +256,23 @@ class CpuSumTree:
         self.update_range(0, leaves)
 
 
-def _triton_kernels(device: torch.device):
-    """The Triton path's module for a tree on CUDA when triton imports and compiles its kernels, else None."""
-    if device.type != "cuda":
+def triton_kernels(device: torch.device, use: bool | None = None):
+    """The Triton kernels' module for a tree on ``device``, or None for the torch code. ``use=None``: on CUDA
+    when triton imports and compiles its kernels (interpreted, they read tensors on the host). True: the
+    kernels, compiled on CUDA or interpreted on the CPU (``TRITON_INTERPRET=1``, as tests run them); raises
+    ImportError or ValueError where they can't run. False: the torch code."""
+    if use is False or (use is None and device.type != "cuda"):
         return None
     try:
         from actorlearner.replay import triton_tree
     except ImportError:
+        if use:
+            raise
         return None
-    return None if triton_tree.INTERPRETED else triton_tree  # the interpreter reads tensors on the host
+    if use and triton_tree.INTERPRETED != (device.type == "cpu"):
+        raise ValueError(f"triton's kernels on {device.type} need TRITON_INTERPRET={int(device.type == 'cpu')} "
+                         f"before triton's first import")
+    return triton_tree if use or not triton_tree.INTERPRETED else None
 
 
 def _numpy(values, dtype) -> np.ndarray:

@@ -37,24 +37,22 @@ DEDUP_MAX = 4096
 """Largest update whose last-write-wins runs inside the leaf kernel (quadratic in n, no sort)."""
 
 _JUST_BELOW_ONE = tl.constexpr(1.0 - 2.0**-52)  # as in sumtree: times a positive float64, strictly below it
-_BLOCK = 128  # batch elements (sample) or indices (update) per program
+BLOCK = 128  # batch elements (sample) or indices (update) per program
 _TOP_BLOCK = 4096  # top nodes per step of the top kernel's scan (the default max_top: one step)
 
 
 @triton.jit
-def _sample_kernel(u_ptr, out_ptr, top_cumsum_ptr, top_before_ptr, levels, batch, top, capacity,
-                   K: tl.constexpr, HEIGHT: tl.constexpr, SEARCH_STEPS: tl.constexpr,
-                   RECIPROCAL: tl.constexpr, BLOCK: tl.constexpr):
-    """One leaf index per batch element: stratified target, binary search over the top, K-ary descent."""
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live = i < batch
+def descend(u, i, live, top_cumsum_ptr, top_before_ptr, levels, batch, top, capacity, K: tl.constexpr,
+            HEIGHT: tl.constexpr, SEARCH_STEPS: tl.constexpr, RECIPROCAL: tl.constexpr, BLOCK: tl.constexpr):
+    """The leaf of each batch element ``i`` (uniforms ``u``): stratified target, binary search over the top,
+    K-ary descent."""
     total = tl.load(top_cumsum_ptr + top - 1)
     strata = tl.zeros([BLOCK], tl.float64) + batch
     if RECIPROCAL:  # torch on CUDA divides by a host scalar as a multiplication by its reciprocal
         scale = total * (1.0 / strata)
     else:
         scale = total / strata
-    t = (tl.load(u_ptr + i, mask=live, other=0.0) + i.to(tl.float64)) * scale
+    t = (u + i.to(tl.float64)) * scale
     t = tl.minimum(t, total * _JUST_BELOW_ONE)
     # searchsorted(top_cumsum, t, right=True) with torch's midpoints: the first node whose sum exceeds t.
     lo = tl.zeros([BLOCK], tl.int32)
@@ -93,7 +91,20 @@ def _sample_kernel(u_ptr, out_ptr, top_cumsum_ptr, top_before_ptr, levels, batch
             found = found | pick
         t = (t - chosen_sum) + chosen  # the mass left of the chosen child, subtracted as torch does
         node = node * K + child
-    tl.store(out_ptr + i, tl.minimum(node, capacity - 1), mask=live)
+    return tl.minimum(node, capacity - 1)
+
+
+@triton.jit
+def _sample_kernel(u_ptr, out_ptr, top_cumsum_ptr, top_before_ptr, levels, batch, top, capacity,
+                   K: tl.constexpr, HEIGHT: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+                   RECIPROCAL: tl.constexpr, BLOCK: tl.constexpr):
+    """One leaf index per batch element."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = i < batch
+    u = tl.load(u_ptr + i, mask=live, other=0.0)
+    leaf = descend(u, i, live, top_cumsum_ptr, top_before_ptr, levels, batch, top, capacity, K, HEIGHT,
+                   SEARCH_STEPS, RECIPROCAL, BLOCK)
+    tl.store(out_ptr + i, leaf, mask=live)
 
 
 @triton.jit
@@ -117,12 +128,13 @@ def _leaf_kernel(idx_ptr, val_ptr, leaves_ptr, n, capacity, DEDUP: tl.constexpr,
 @triton.jit
 def _parent_kernel(idx_ptr, n, capacity, divisor, child_sums, child_mins, parent_sums, parent_mins,
                    K: tl.constexpr, LEAVES: tl.constexpr, BLOCK: tl.constexpr):
-    """Recompute the parent (one level up) of each ``idx // divisor`` from its K children: their sum,
-    added in order, and their smallest positive leaf. Repeated parents write the same values."""
+    """Recompute the parent (one level up) of each ``(idx % capacity) // divisor`` from its K children:
+    their sum, added in order, and their smallest positive leaf. Repeated parents write the same values.
+    (Modulo: ``idx`` may be leaves or replay keys.)"""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     idx = tl.load(idx_ptr + i, mask=i < n, other=-1)
-    ok = (idx >= 0) & (idx < capacity)
-    parent = tl.where(ok, idx, 0) // divisor
+    ok = idx >= 0
+    parent = (tl.where(ok, idx, 0) % capacity) // divisor
     base = parent * K
     total = tl.zeros([BLOCK], tl.float64)
     low = tl.zeros([BLOCK], tl.float64) + float("inf")
@@ -138,9 +150,10 @@ def _parent_kernel(idx_ptr, n, capacity, divisor, child_sums, child_mins, parent
 
 
 @triton.jit
-def _top_kernel(top_ptr, top_mins_ptr, cumsum_ptr, before_ptr, min_ptr, top, HAS_MINS: tl.constexpr,
-                BLOCK: tl.constexpr):
-    """One program: the top's prefix sums, the mass left of each top node, and the root's minimum."""
+def _top_kernel(top_ptr, top_mins_ptr, cumsum_ptr, before_ptr, min_ptr, reset_ptr, top, HAS_MINS: tl.constexpr,
+                RESET: tl.constexpr, BLOCK: tl.constexpr):
+    """One program: the top's prefix sums, the mass left of each top node, and the root's minimum; with
+    RESET, the int64 at ``reset_ptr`` set to 0 (after everything launched before, which read it)."""
     carry = tl.zeros([1], tl.float64)
     low = tl.zeros([1], tl.float64) + float("inf")
     for start in range(0, top, BLOCK):
@@ -158,11 +171,13 @@ def _top_kernel(top_ptr, top_mins_ptr, cumsum_ptr, before_ptr, min_ptr, top, HAS
             y = tl.where(x > 0, x, float("inf"))
         low = tl.minimum(low, tl.min(y, 0))
     tl.store(min_ptr + tl.arange(0, 1), low)
+    if RESET:
+        tl.store(reset_ptr + tl.arange(0, 1), tl.zeros([1], tl.int64))
 
 
 INTERPRETED = not (isinstance(_sample_kernel, JITFunction) and isinstance(tl.sum, JITFunction))
 """Whether these kernels or triton's own were decorated for its CPU interpreter (``TRITON_INTERPRET=1``)."""
-_LAUNCH = {} if INTERPRETED else {"enable_fp_fusion": False}  # no multiply-add contracted into an FMA
+LAUNCH = {} if INTERPRETED else {"enable_fp_fusion": False}  # no multiply-add contracted into an FMA
 
 
 def sample_positive(tree, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -178,11 +193,11 @@ def sample_from_uniforms(tree, uniforms: torch.Tensor) -> torch.Tensor:
     if batch == 0:
         return out
     top = tree._top_cumsum.shape[0]
-    with _on_device(tree):
-        _sample_kernel[(triton.cdiv(batch, _BLOCK),)](
+    with on_device(tree):
+        _sample_kernel[grid(batch)](
             uniforms.contiguous(), out, tree._top_cumsum, tree._top_before, tuple(tree._sums[1:]), batch, top,
             tree.capacity, K=tree.branching, HEIGHT=tree.height, SEARCH_STEPS=top.bit_length(),
-            RECIPROCAL=tree.device.type == "cuda", BLOCK=_BLOCK, **_LAUNCH)
+            RECIPROCAL=tree.device.type == "cuda", BLOCK=BLOCK, **LAUNCH)
     return out
 
 
@@ -194,30 +209,42 @@ def update(tree, indices: torch.Tensor, values: torch.Tensor) -> None:
         from actorlearner.replay.sumtree import _last_write_wins
         indices, values = _last_write_wins(indices, values)
     indices, values = indices.contiguous(), values.contiguous()
-    grid = (triton.cdiv(n, _BLOCK),)
-    k, height = tree.branching, tree.height
-    with _on_device(tree):
-        _leaf_kernel[grid](indices, values, tree._sums[-1], n, tree.capacity, DEDUP=dedup, BLOCK=_BLOCK,
-                           BLOCK_J=64, **_LAUNCH)
+    with on_device(tree):
+        _leaf_kernel[grid(n)](indices, values, tree._sums[-1], n, tree.capacity, DEDUP=dedup, BLOCK=BLOCK,
+                              BLOCK_J=64, **LAUNCH)
+    update_above_leaves(tree, indices)
+
+
+def update_above_leaves(tree, indices: torch.Tensor, reset: torch.Tensor | None = None) -> None:
+    """After leaves changed: every level above the leaves of ``indices`` (leaves, or keys taken modulo the
+    capacity), one kernel per level, then the top's kernel, which also zeroes ``reset`` when given."""
+    n, k, height = indices.shape[0], tree.branching, tree.height
+    with on_device(tree):
         for d in range(height, 0, -1):  # parents at level d - 1 from their children at level d
             child_mins = tree._mins[d] if d < height else tree._sums[d]  # unread at the leaves
-            _parent_kernel[grid](indices, n, tree.capacity, k ** (height - d + 1), tree._sums[d], child_mins,
-                                 tree._sums[d - 1], tree._mins[d - 1], K=k, LEAVES=d == height, BLOCK=_BLOCK,
-                                 **_LAUNCH)
-        refresh_top(tree)
+            _parent_kernel[grid(n)](indices, n, tree.capacity, k ** (height - d + 1), tree._sums[d], child_mins,
+                                    tree._sums[d - 1], tree._mins[d - 1], K=k, LEAVES=d == height, BLOCK=BLOCK,
+                                    **LAUNCH)
+    refresh_top(tree, reset)
 
 
-def refresh_top(tree) -> None:
-    """The top's prefix sums, the mass left of each top node and the root's minimum: one kernel."""
+def refresh_top(tree, reset: torch.Tensor | None = None) -> None:
+    """The top's prefix sums, the mass left of each top node and the root's minimum (and ``reset`` zeroed):
+    one kernel."""
     top = tree._sums[0]
     block = min(_TOP_BLOCK, triton.next_power_of_2(top.shape[0]))
-    with _on_device(tree):
+    with on_device(tree):
         _top_kernel[(1,)](top, tree._mins[0] if tree.height else top, tree._top_cumsum, tree._top_before,
-                          tree._min, top.shape[0], HAS_MINS=tree.height > 0, BLOCK=block,
-                          num_warps=8 if block >= 1024 else 4, **_LAUNCH)
+                          tree._min, top if reset is None else reset, top.shape[0], HAS_MINS=tree.height > 0,
+                          RESET=reset is not None, BLOCK=block, num_warps=8 if block >= 1024 else 4, **LAUNCH)
 
 
-def _on_device(tree):
+def grid(n: int) -> tuple[int]:
+    """Programs for ``n`` elements, ``BLOCK`` each."""
+    return (triton.cdiv(n, BLOCK),)
+
+
+def on_device(tree):
     """Triton launches on the current CUDA device (torch's own ops switch to their tensors' device)."""
     return torch.cuda.device(tree.device) if tree.device.type == "cuda" else contextlib.nullcontext()
 

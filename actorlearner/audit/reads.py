@@ -20,7 +20,7 @@ READS = frozenset({
 """Tensor methods and torch functions whose result lives on the host (or whose size depends on values)."""
 
 
-def _reads_on_host(name: str, args: tuple, kwargs: dict, device: torch.device) -> bool:
+def reads_on_host(name: str, args: tuple, kwargs: dict, device: torch.device) -> bool:
     """Whether one torch call reads tensor values on the host (``.to`` the CPU only from another device)."""
     if name in READS:
         return True
@@ -59,7 +59,7 @@ class HostReads(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", str(func))
-        if _reads_on_host(name, args, kwargs, self.device) and self._on_device(args):
+        if reads_on_host(name, args, kwargs, self.device) and self._on_device(args):
             self.counts[name] += 1
         return func(*args, **kwargs)
 
