@@ -61,15 +61,16 @@ class VersionIndex:
         """Raise the eviction version to ``version``; returns the slots that may hold the items it evicts
         (those of the versions passed; some overwritten since by newer items, which the caller keeps)."""
         self.lowest = version
-        runs = []
+        runs = set()  # an insert of several versions passed is visited once
         while self._heap and self._heap[0] < version:
             passed = heapq.heappop(self._heap)
             if passed in self._counts:
                 self.eligible -= self._counts.pop(passed)
-                runs.extend(self._inserts.pop(passed))
+                runs.update(self._inserts.pop(passed))
         if not runs:
             return np.zeros(0, dtype=np.int64)
-        return np.concatenate([np.arange(key, key + count, dtype=np.int64) for key, count in runs]) % self.capacity
+        slots = [np.arange(key, key + count, dtype=np.int64) for key, count in sorted(runs)]
+        return np.concatenate(slots) % self.capacity
 
     def rebuild(self, keys: np.ndarray, versions: np.ndarray, lowest: int | None) -> None:
         """Start again from every slot's key (-1: none) and version, as a loaded checkpoint holds them."""
