@@ -381,8 +381,13 @@ def test_without_dueling_q_is_each_branchs_advantage():
 
 
 def test_one_discrete_branch_gives_b_by_1_by_n():
-    head = BranchingDuelingHead(8, action_branches(spaces.Discrete(6)).sizes)
-    assert head(torch.randn(3, 8)).shape == (3, 1, 6)
+    h = torch.randn(3, 8)
+    for dueling in (True, False):
+        head = BranchingDuelingHead(8, action_branches(spaces.Discrete(6)).sizes, dueling)
+        q, a = head(h), head.advantages(h)
+        assert q.shape == (3, 1, 6)
+        want = head.value(h) + a - a.mean(-1, keepdim=True) if dueling else a
+        torch.testing.assert_close(q[:, 0], want)
 
 
 @pytest.mark.cuda

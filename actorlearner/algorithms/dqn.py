@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from actorlearner.algorithms.apex import ApeXPolicy, ApeXSpec, ApeXTrainer
@@ -86,10 +87,8 @@ class DQNConfig:
 
 
 def huber(x: Tensor, delta: float = 1.0) -> Tensor:
-    """Elementwise Huber loss: x**2 / 2 inside [-delta, delta], linear outside."""
-    abs_x = x.abs()
-    quadratic = abs_x.clamp(max=delta)
-    return 0.5 * quadratic**2 + delta * (abs_x - quadratic)
+    """Elementwise Huber loss: x**2 / 2 inside [-delta, delta], linear outside (torch's fused kernel)."""
+    return F.huber_loss(x, torch.zeros_like(x), reduction="none", delta=delta)
 
 
 def double_q_target(r_t: Tensor, discount_t: Tensor, q_t_online: Tensor, q_t_target: Tensor) -> Tensor:

@@ -145,4 +145,4 @@ class ObservationEncoder(nn.Module):
 
     def forward(self, obs: Mapping[str, Tensor]) -> Tensor:
         features = [encoder(obs[key]) for key, encoder in zip(self.keys, self.leaf_encoders)]
-        return self.mlp(torch.cat(features, dim=1))
+        return self.mlp(features[0] if len(features) == 1 else torch.cat(features, dim=1))

@@ -96,6 +96,8 @@ class BranchingDuelingHead(nn.Module):
 
     def forward(self, h: Tensor) -> Tensor:
         q = self.advantages(h)
+        if len(self.sizes) == 1:  # one branch (Discrete): nothing to pad, a third of the ops
+            return (self.value(h) + q - q.mean(1, keepdim=True) if self.value is not None else q).unsqueeze(1)
         if self.value is not None:
             sums = torch.zeros(h.shape[0], len(self.sizes), dtype=q.dtype, device=q.device).index_add(1, self.branch, q)
             q = self.value(h) + q - (sums / self.size_of_branch)[:, self.branch]
