@@ -141,8 +141,8 @@ class TabularQTrainer(Trainer):
         self.updates += 1
         return td.abs() + 1e-3, {"losses/td_abs": float(td.abs().mean())}
 
-    def policy_state_dict(self) -> dict[str, Tensor]:
-        return {"table": self.table.detach().cpu().clone()}
+    def policy_tensors(self) -> dict[str, Tensor]:
+        return {"table": self.table}
 
     def state_dict(self) -> dict[str, Tensor | int]:
         return {"table": self.table.detach().cpu().clone(), "updates": self.updates}

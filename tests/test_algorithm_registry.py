@@ -95,7 +95,7 @@ class ConstantTrainer(Trainer):
     def update(self, sample):
         return torch.full((len(sample.weights),), self.config.scale), {}
 
-    def policy_state_dict(self):
+    def policy_tensors(self):
         return {}
 
     def state_dict(self):

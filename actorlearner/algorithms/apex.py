@@ -148,8 +148,8 @@ class ApeXTrainer(CapturableTrainer):
         super().retune(config)
         follow_lr(self, config.lr)
 
-    def policy_state_dict(self) -> dict[str, Tensor]:
-        return weights(self.online)
+    def policy_tensors(self) -> dict[str, Tensor]:
+        return self.online.state_dict()
 
     def state_dict(self) -> FlatState:
         """Flat names -> CPU tensors / ints: `online.*`, `target.*`, `optimizer.<param>.<slot>`, `num_updates`."""

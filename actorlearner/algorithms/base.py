@@ -208,8 +208,13 @@ class Trainer(ABC):
         learner every so many steps, or numbers)."""
 
     @abstractmethod
+    def policy_tensors(self) -> dict[str, Tensor]:
+        """What actors need to act: the policy networks' live tensors on the trainer's device (no copies),
+        named as `Policy.policy_state_dict` names them. The learner copies them out when it publishes."""
+
     def policy_state_dict(self) -> dict[str, Tensor]:
-        """What actors need to act: CPU tensor copies of the policy's networks."""
+        """CPU copies of `policy_tensors`: what policies load."""
+        return {name: cpu_copy(t) for name, t in self.policy_tensors().items()}
 
     @abstractmethod
     def state_dict(self) -> FlatState:
@@ -335,7 +340,7 @@ def cpu_copy(t: Tensor) -> Tensor:
 
 
 def weights(module: nn.Module) -> dict[str, Tensor]:
-    """CPU copies of a network's state dict: the policy state dicts that trainers publish and policies hand out."""
+    """CPU copies of a network's state dict: the policy state dicts that policies hand out."""
     return {name: cpu_copy(t) for name, t in module.state_dict().items()}
 
 

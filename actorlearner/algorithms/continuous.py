@@ -277,8 +277,8 @@ class ContinuousTrainer(SeededNoise, CapturableTrainer):
         super().retune(config)
         follow_lr(self, config.lr)
 
-    def policy_state_dict(self) -> dict[str, Tensor]:
-        return weights(self.actor)
+    def policy_tensors(self) -> dict[str, Tensor]:
+        return self.actor.state_dict()
 
     def modules(self) -> dict[str, nn.Module]:
         """Every network checkpointed, by state prefix."""

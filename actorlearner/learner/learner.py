@@ -235,12 +235,16 @@ class Learner:
     # -- training, publishing, evaluation --------------------------------------------------
 
     def train_step(self) -> bool:
-        """One sample -> update -> new priorities; False when the rate limiter says wait."""
-        return self.training.train_step()
+        """One sample -> update -> new priorities; False when the rate limiter says wait. A version it
+        publishes is out when it returns."""
+        updated = self.training.train_step()
+        self.publishing.flush()
+        return updated
 
     def publish(self) -> None:
-        """Broadcast the current policy as ``self.version``."""
+        """Broadcast the current policy as ``self.version``; it is out when this returns."""
         self.training.publish()
+        self.publishing.flush()
 
     def evaluate(self) -> EvalResult:
         """Greedy episodes with the latest published policy, decoded from the same bytes actors get."""

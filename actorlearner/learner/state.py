@@ -24,6 +24,7 @@ def save(learner: Learner) -> None:
     Ingest goes on: the replay lock is held to snapshot the seq table, limiter, counters and
     replay as of one instant, then only for a moment per chunk of replay rows written.
     """
+    learner.publishing.flush()  # the roles' state holds every version published so far
     replay = learner.replay
     with learner.replay_lock:
         learner.ingestion.wait_for_open_inserts()

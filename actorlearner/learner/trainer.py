@@ -152,5 +152,6 @@ class TrainingLoop:
             self.telemetry.scalars({**metrics, **self.rates(), **self.roles.scalars()}, self.updates)
 
     def publish(self) -> None:
-        """Broadcast the current policy as :attr:`version`."""
-        self.publishing.publish(self.version, self.algorithm.policy_state_dict())
+        """Hand the current policy to publishing as :attr:`version`: copied now without waiting, sent by the
+        publisher thread."""
+        self.publishing.publish(self.version, self.algorithm.policy_tensors())
