@@ -50,7 +50,7 @@ def held_tensors(*roots: object, grads: bool = False, depth: int = 8) -> Iterato
         elif isinstance(value, (list, tuple, set, frozenset)):
             for index, item in enumerate(value):
                 yield from walk(item, f"{path}[{index}]", left - 1)
-        elif hasattr(value, "__dict__"):
+        elif isinstance(getattr(value, "__dict__", None), dict):  # (some extension objects fake theirs)
             for key, item in vars(value).items():
                 yield from walk(item, f"{path}.{key}", left - 1)
 
