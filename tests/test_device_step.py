@@ -276,7 +276,7 @@ def test_a_sample_and_update_with_the_triton_kernels_is_seven_launches_below_17_
     with DeviceLaunches() as launches:
         sample = replay.draw(batch)
         replay.update_priorities(sample.indices, new)
-    assert launches.counts == {"aten.rand": 1, "triton._draw_kernel": 1, "triton._check_kernel": 1,
+    assert launches.counts == {"aten.uniform_": 1, "triton._draw_kernel": 1, "triton._check_kernel": 1,
                                "triton._priority_kernel": 1, "triton._parent_kernel": 2, "triton._top_kernel": 1}
     replay.check_errors()
     keys = sample.indices.tolist()

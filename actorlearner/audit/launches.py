@@ -1,5 +1,5 @@
 """Counting the launches of device work on any device, the CPU included: each torch op that runs a kernel
-or a copy (views and bare allocations run none), and each Triton kernel.
+or a copy (views, allocations and ops that only call others run none), and each Triton kernel.
 
 This is how a device operation's launch budget is checked without a GPU: the same code runs on
 the CPU (Triton's kernels in its interpreter, ``TRITON_INTERPRET=1``) and makes the same calls.
@@ -7,21 +7,27 @@ the CPU (Triton's kernels in its interpreter, ``TRITON_INTERPRET=1``) and makes 
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections import Counter
 
-from torch.utils._python_dispatch import TorchDispatchMode
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 
-NO_KERNEL = frozenset({"empty", "empty_strided", "lift_fresh", "set_", "resize_"})
-"""Aten ops that only allocate or wrap memory (views are told by ``func.is_view``)."""
+NO_KERNEL = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh",
+                       "detach_", "set_", "resize_", "as_strided_", "_unsafe_view", "alias"})
+"""Aten ops that only allocate or wrap memory (views are told by their schema)."""
+_TRITON = "triton."
 
 
-class DeviceLaunches(TorchDispatchMode):
-    """A mode counting launches by name: aten ops (``aten.<name>``) and Triton kernels (``triton.<name>``).
+class DeviceLaunches:
+    """A context counting launches by name: aten ops (``aten.<name>``) and Triton kernels (``triton.<name>``).
 
-    Torch ops are counted as dispatched (after autograd, composite ops broken up): on CUDA each is one
-    kernel or copy, a ``_foreach_`` op one or a few. Triton's own host-side torch calls (its
-    interpreter's) are not counted.
+    It reads the torch profiler's op tree: an op counts when it runs a kernel of its own, i.e. it is
+    no view, allocation or composite of other ops, and none of the ops it calls does (``clone`` is
+    its ``copy_``). On CUDA each such op is one kernel or copy, a ``_foreach_`` op one or a few. The
+    tree is the CPU's: where a CPU kernel calls others (type promotion by copies, say) those count,
+    where CUDA runs one kernel. Triton's own host-side torch calls (its interpreter's) are not counted.
 
     >>> with DeviceLaunches() as launches:
     ...     replay.sample(256)
@@ -29,43 +35,72 @@ class DeviceLaunches(TorchDispatchMode):
     """
 
     def __init__(self):
-        super().__init__()
         self.counts: Counter[str] = Counter()
-        self._inside_triton = False
+        self._profile: profile | None = None
         self._patched: list[tuple[type, object]] = []
 
     def total(self) -> int:
         return sum(self.counts.values())
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if not self._inside_triton and not func.is_view and name not in NO_KERNEL:
-            self.counts[f"aten.{name}"] += 1
-        return func(*args, **(kwargs or {}))
-
-    def __enter__(self):
+    def __enter__(self) -> DeviceLaunches:
         for kernel_class in _triton_kernel_classes():
             self._patched.append((kernel_class, kernel_class.run))
-            kernel_class.run = self._counting(kernel_class.run)
-        return super().__enter__()
+            kernel_class.run = _named_range(kernel_class.run)
+        self._profile = profile(activities=[ProfilerActivity.CPU])
+        self._profile.__enter__()
+        return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
+        self._profile.__exit__(*exc)
         for kernel_class, run in self._patched:
             kernel_class.run = run
         self._patched.clear()
-        return super().__exit__(*exc)
+        for event in self._profile.events():
+            if event.name.startswith(_TRITON) and not _inside_triton(event.cpu_parent):
+                self.counts[event.name] += 1
+            elif _runs_a_kernel(event.name) and not _inside_triton(event.cpu_parent) and not any(
+                    _runs_a_kernel(child.name) for child in _descendants(event)):
+                self.counts["aten." + event.name.removeprefix("aten::")] += 1
 
-    def _counting(self, run):
-        def counted_run(kernel, *args, warmup=False, **kwargs):
-            if warmup or self._inside_triton:
-                return run(kernel, *args, warmup=warmup, **kwargs)
-            self.counts[f"triton.{getattr(kernel, '__name__', type(kernel).__name__)}"] += 1
-            self._inside_triton = True
-            try:
-                return run(kernel, *args, warmup=warmup, **kwargs)
-            finally:
-                self._inside_triton = False
-        return counted_run
+
+@functools.cache
+def _runs_a_kernel(name: str) -> bool:
+    """Whether the aten op ``aten::<op>`` has a kernel of its own (no view, allocation or composite)."""
+    op = name.removeprefix("aten::")
+    packet = getattr(torch.ops.aten, op, None) if name.startswith("aten::") and op not in NO_KERNEL else None
+    if packet is None:
+        return False
+    for overload in (getattr(packet, name) for name in packet.overloads()):  # the first the dispatcher knows
+        try:
+            composite = torch._C._dispatch_has_kernel_for_dispatch_key(overload.name(), "CompositeImplicitAutograd")
+        except RuntimeError:
+            continue
+        return not overload.is_view and not composite
+    return False
+
+
+def _descendants(event):
+    for child in event.cpu_children:
+        yield child
+        yield from _descendants(child)
+
+
+def _inside_triton(event) -> bool:
+    while event is not None:
+        if event.name.startswith(_TRITON):
+            return True
+        event = event.cpu_parent
+    return False
+
+
+def _named_range(run):
+    """A kernel class's ``run`` that marks each launch in the profile as ``triton.<kernel name>``."""
+    def named_run(kernel, *args, warmup=False, **kwargs):
+        if warmup:
+            return run(kernel, *args, warmup=warmup, **kwargs)
+        with record_function(_TRITON + getattr(kernel, "__name__", type(kernel).__name__)):
+            return run(kernel, *args, warmup=warmup, **kwargs)
+    return named_run
 
 
 def _triton_kernel_classes() -> list[type]:

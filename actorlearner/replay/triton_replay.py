@@ -71,11 +71,11 @@ def _draw_kernel(u_ptr, slots_ptr, weights_ptr, out_ptr, words_ptr, leaves_ptr, 
 
 
 @triton.jit
-def _check_kernel(keys_ptr, p_ptr, n, inserted_ptr, errors_ptr, refused_ptr, BLOCK: tl.constexpr):
+def _check_kernel(keys_ptr, keys_stride, p_ptr, n, inserted_ptr, errors_ptr, refused_ptr, BLOCK: tl.constexpr):
     """Count the call's NaN, infinite and negative priorities and unknown keys (outside [0, inserted))."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = i < n
-    key = tl.load(keys_ptr + i, mask=live, other=0)
+    key = tl.load(keys_ptr + i.to(tl.int64) * keys_stride, mask=live, other=0)
     p = tl.load(p_ptr + i, mask=live, other=0.0).to(tl.float64)
     nan = tl.sum((live & (p != p)).to(tl.int64), 0)
     infinite = tl.sum((live & (tl.abs(p) == float("inf"))).to(tl.int64), 0)
@@ -89,7 +89,7 @@ def _check_kernel(keys_ptr, p_ptr, n, inserted_ptr, errors_ptr, refused_ptr, BLO
 
 
 @triton.jit
-def _priority_kernel(keys_ptr, p_ptr, n, capacity, words_ptr, row_words, key_word, version_word, min_version_ptr,
+def _priority_kernel(keys_ptr, keys_stride, p_ptr, n, capacity, words_ptr, row_words, key_word, version_word, min_version_ptr,
                      alpha_ptr, eps, refused_ptr, max_bits_ptr, leaves_ptr, EXACT: tl.constexpr,
                      DEDUP: tl.constexpr, BLOCK: tl.constexpr, BLOCK_J: tl.constexpr):
     """Unless the call was refused: each live key's leaf (the slot still holds it; with DEDUP, no later write
@@ -98,7 +98,7 @@ def _priority_kernel(keys_ptr, p_ptr, n, capacity, words_ptr, row_words, key_wor
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = i < n
     accepted = (tl.load(refused_ptr) + tl.zeros([BLOCK], tl.int64)) == 0
-    key = tl.load(keys_ptr + i, mask=live, other=-1)
+    key = tl.load(keys_ptr + i.to(tl.int64) * keys_stride, mask=live, other=-1)
     p = tl.load(p_ptr + i, mask=live, other=0.0).to(tl.float64)
     ok = live & accepted & (key >= 0)
     slot = tl.where(ok, key % capacity, 0)
@@ -108,7 +108,7 @@ def _priority_kernel(keys_ptr, p_ptr, n, capacity, words_ptr, row_words, key_wor
         later = tl.zeros([BLOCK], tl.int32)
         for start in range(tl.program_id(0) * BLOCK, n, BLOCK_J):
             j = start + tl.arange(0, BLOCK_J)
-            other = tl.load(keys_ptr + j, mask=j < n, other=-1)
+            other = tl.load(keys_ptr + j.to(tl.int64) * keys_stride, mask=j < n, other=-1)
             same = (key[:, None] == other[None, :]) & (j[None, :] > i[:, None])
             later = later | tl.max(same.to(tl.int32), axis=1)
         write = write & (later == 0)
@@ -140,19 +140,19 @@ def draw(tree, words: torch.Tensor, beta: torch.Tensor, batch_size: int) -> tupl
 def update_priorities(tree, keys: torch.Tensor, priorities: torch.Tensor, *, words: torch.Tensor, key_word: int,
                       version_word: int, inserted: torch.Tensor, min_version: torch.Tensor, alpha: torch.Tensor,
                       eps: float, errors: torch.Tensor, refused: torch.Tensor, max_priority: torch.Tensor) -> None:
-    """Set the priorities (float32 or float64) of item ``keys`` (int64, non-empty), all on the tree's device,
-    as the module says. Each item's key and version sit in ``words`` (its rows) at ``key_word`` and
+    """Set the priorities (float32 or float64) of item ``keys`` (int64, non-empty, any stride: a column of
+    sampled rows is read in place), all on the tree's device, as the module says. Each item's key and version sit in ``words`` (its rows) at ``key_word`` and
     ``version_word``; ``inserted``, ``min_version``, ``alpha`` and ``max_priority`` are the replay's 0-d
     device tensors, ``errors`` its four error counts, ``refused`` an int64 count that starts at 0."""
     n = keys.shape[0]
-    keys, priorities = keys.contiguous(), priorities.contiguous()
+    priorities = priorities.contiguous()
     with on_device(tree):
-        _check_kernel[grid(n)](keys, priorities, n, inserted, errors, refused, BLOCK=BLOCK, **LAUNCH)
+        _check_kernel[grid(n)](keys, keys.stride(0), priorities, n, inserted, errors, refused, BLOCK=BLOCK, **LAUNCH)
         dedup = n <= DEDUP_MAX
         if not dedup:
             from actorlearner.replay.sumtree import _last_write_wins
             keys, priorities = _last_write_wins(keys, priorities)
-        _priority_kernel[grid(n)](keys, priorities, n, tree.capacity, words, words.shape[1], key_word, version_word,
+        _priority_kernel[grid(n)](keys, keys.stride(0), priorities, n, tree.capacity, words, words.shape[1], key_word, version_word,
                                   min_version, alpha, eps, refused, max_priority.view(torch.int64), tree._sums[-1],
                                   EXACT=not INTERPRETED, DEDUP=dedup, BLOCK=BLOCK, BLOCK_J=64, **LAUNCH)
     update_above_leaves(tree, keys, reset=refused)

@@ -126,13 +126,13 @@ def _leaf_kernel(idx_ptr, val_ptr, leaves_ptr, n, capacity, DEDUP: tl.constexpr,
 
 
 @triton.jit
-def _parent_kernel(idx_ptr, n, capacity, divisor, child_sums, child_mins, parent_sums, parent_mins,
+def _parent_kernel(idx_ptr, idx_stride, n, capacity, divisor, child_sums, child_mins, parent_sums, parent_mins,
                    K: tl.constexpr, LEAVES: tl.constexpr, BLOCK: tl.constexpr):
     """Recompute the parent (one level up) of each ``(idx % capacity) // divisor`` from its K children:
     their sum, added in order, and their smallest positive leaf. Repeated parents write the same values.
-    (Modulo: ``idx`` may be leaves or replay keys.)"""
+    (Modulo: ``idx`` may be leaves or replay keys, ``idx_stride`` apart: a column of sampled rows.)"""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    idx = tl.load(idx_ptr + i, mask=i < n, other=-1)
+    idx = tl.load(idx_ptr + i.to(tl.int64) * idx_stride, mask=i < n, other=-1)
     ok = idx >= 0
     parent = (tl.where(ok, idx, 0) % capacity) // divisor
     base = parent * K
@@ -217,14 +217,15 @@ def update(tree, indices: torch.Tensor, values: torch.Tensor) -> None:
 
 def update_above_leaves(tree, indices: torch.Tensor, reset: torch.Tensor | None = None) -> None:
     """After leaves changed: every level above the leaves of ``indices`` (leaves, or keys taken modulo the
-    capacity), one kernel per level, then the top's kernel, which also zeroes ``reset`` when given."""
+    capacity; 1-d, any stride), one kernel per level, then the top's kernel, which also zeroes ``reset``
+    when given."""
     n, k, height = indices.shape[0], tree.branching, tree.height
     with on_device(tree):
         for d in range(height, 0, -1):  # parents at level d - 1 from their children at level d
             child_mins = tree._mins[d] if d < height else tree._sums[d]  # unread at the leaves
-            _parent_kernel[grid(n)](indices, n, tree.capacity, k ** (height - d + 1), tree._sums[d], child_mins,
-                                    tree._sums[d - 1], tree._mins[d - 1], K=k, LEAVES=d == height, BLOCK=BLOCK,
-                                    **LAUNCH)
+            _parent_kernel[grid(n)](indices, indices.stride(0), n, tree.capacity, k ** (height - d + 1),
+                                    tree._sums[d], child_mins, tree._sums[d - 1], tree._mins[d - 1], K=k,
+                                    LEAVES=d == height, BLOCK=BLOCK, **LAUNCH)
     refresh_top(tree, reset)
 
 
