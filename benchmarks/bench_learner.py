@@ -15,16 +15,26 @@ r2d2-cartpole (128 sequences, 100k), sac-halfcheetah (Box(17,) float64, Box(6,) 
   DQN on the spec's own QNetwork, Adam, the priority scatter), over the same stored items.
 
 Each gets its own trainer (same seed) and replay (same items); runs alternate between them; medians
-of ``--runs``. Per step also: on CPU the torch ops (profiler ``aten::`` events, nested ones
-included; the compiled replay's kernels are no torch ops) and host reads (`HostReads`); on CUDA
-the CUDA kernels and launches (profiler) and the syncs (``torch.cuda.set_sync_debug_mode``).
-Replay cases (replay-1M, replay-10M): sample(B) + update_priorities(B) against cpprb, as
-bench_replay.py does; with ``--device cuda`` ours runs on the GPU, its draw and update replayed
-as one captured CUDA graph when capture works.
+of ``--runs``. Per step also (bench_counts.py): on CPU the torch ops (profiler ``aten::`` events,
+nested ones included), the launches (`DeviceLaunches`: torch ops that run a kernel or a copy, Triton
+kernels; the compiled replay's numba kernels are neither) and host reads (`HostReads`); on CUDA the
+kernels and copies that ran on the device, every launch (kernels, Triton's through the driver,
+copies, memsets, graph launches: profiler), the syncs (``torch.cuda.set_sync_debug_mode``) and
+host reads. Replay cases (replay-1M, replay-10M): sample(B) + update_priorities(B) against cpprb,
+as bench_replay.py does; with ``--device cuda`` ours runs on the GPU, its draw and update replayed
+as one captured CUDA graph.
+
+Capture (``--capture``): each row says whether ours ran ``captured`` or ``eager``, read after the
+timed runs and the counts (a step can fall back when it is captured, after warm-up). ``auto`` asks
+for capture on CUDA wherever it can be had (a capturable trainer with the replay on the device;
+every replay case) and nowhere on CPU; ``require`` asks for it in every case; ``off`` never
+captures. A case asked to run captured that ran eagerly fails the run: the tables and ``--json``
+are written, then each such case and why (LearnerStep's ``capture_error``, the graph's exception),
+and the exit status is 1.
 
     python benchmarks/bench_learner.py --json out.json              # every case, CPU, 1 thread
     python benchmarks/bench_learner.py --quick                      # smoke run
-    python benchmarks/bench_learner.py --cases dqn-cartpole,replay-1M --device cuda
+    python benchmarks/bench_learner.py --cases dqn-cartpole,replay-1M --device cuda --capture require
 """
 
 from __future__ import annotations
@@ -33,23 +43,22 @@ import argparse
 import gc
 import json
 import statistics
+import sys
 import time
-import warnings
-from collections import Counter
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
+from bench_counts import COUNT_COLUMNS, per_step, step_counts
 from bench_replay import Cpprb, make_fields, random_batch, summarize
 from bench_replay import Ours as ReplayOurs
 
 from actorlearner.algorithms.base import seeded
 from actorlearner.algorithms.registry import make_spec
-from actorlearner.audit import HostReads
-from actorlearner.replay import PrioritizedReplay
-
 from actorlearner.learner.step import LearnerStep
+from actorlearner.replay import PrioritizedReplay
+from actorlearner.replay.device import DeviceReplay
 
 CARTPOLE = gym.spaces.Box(np.array([-4.8, -np.inf, -0.41887903, -np.inf], np.float32),
                           np.array([4.8, np.inf, 0.41887903, np.inf], np.float32), dtype=np.float32)
@@ -174,51 +183,6 @@ def alternate(contenders: dict, runs: int, seconds: float, sync, slices: int = 5
     return wall, cpu
 
 
-def counts(fn, calls: int, device: torch.device, sync) -> Counter:
-    """What ``calls`` calls of ``fn`` run: torch ops (profiler ``aten::`` events), on CUDA the kernels,
-    launches and syncs (sync debug mode's warnings), and host reads by call (``read:<name>``)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    cuda, out = device.type == "cuda", Counter()
-    sync()
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
-        for _ in range(calls):
-            fn()
-        sync()
-    for e in prof.events():
-        out["torch_ops"] += e.name.startswith("aten::")
-        if cuda:
-            out["cuda_kernels"] += e.device_type == torch.autograd.DeviceType.CUDA
-            out["launches"] += e.name in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaGraphLaunch")
-    with HostReads(device) as reads:
-        for _ in range(calls):
-            fn()
-    out.update({f"read:{k}": v for k, v in reads.counts.items()})
-    if cuda:
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                for _ in range(calls):
-                    fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        out["syncs"] = sum("synchroniz" in str(w.message) for w in caught)
-    return out
-
-
-def per_step(fn, steps: int, device, sync, read=None) -> dict:
-    """:func:`counts` per step of ``fn``, plus a ``READ_EVERY``-th of one ``read()`` call's."""
-    total = Counter({k: v / steps for k, v in counts(fn, steps, device, sync).items()})
-    if read is not None:
-        total.update({k: v / READ_EVERY for k, v in counts(read, 1, device, sync).items()})
-    out = {k: v for k, v in total.items() if not k.startswith("read:")}
-    out["host_read_calls"] = {k[5:]: v for k, v in sorted(total.items()) if k.startswith("read:")}
-    out["host_reads"] = sum(out["host_read_calls"].values())
-    out["steps_counted"] = steps
-    return out
-
-
 def build(spec, capacity, kernels, items, priorities, device):
     trainer = spec.make_trainer(device=device)
     replay = PrioritizedReplay(capacity, spec.transition_fields(), device=device, kernels=kernels)
@@ -226,6 +190,31 @@ def build(spec, capacity, kernels, items, priorities, device):
     for at in range(0, n, 10_000):
         replay.add({k: v[at:at + 10_000] for k, v in items.items()}, priorities=priorities[at:at + 10_000])
     return trainer, replay
+
+
+def capture_wanted(args, trainer, replay) -> bool:
+    """Whether ``--capture`` asks this case's LearnerStep to run captured."""
+    if args.capture != "auto":
+        return args.capture == "require"
+    return (args.device == "cuda" and trainer.capturable and isinstance(replay, DeviceReplay)
+            and replay.device.type == "cuda")
+
+
+def why_eager(step: LearnerStep, args) -> str:
+    """Why a LearnerStep ran eagerly: its capture error, or what kept it from trying."""
+    if step.capture_error:
+        return step.capture_error
+    trainer, replay = step.trainer, step.replay
+    reasons = ["--capture off"] if args.capture == "off" else []
+    if replay.device.type != "cuda":
+        reasons.append(f"the replay is on {replay.device.type} (LearnerStep captures on CUDA only)")
+    if not trainer.capturable:
+        reasons.append(f"{type(trainer).__name__} is not capturable")
+    if not isinstance(replay, DeviceReplay):
+        reasons.append(f"the replay is a {type(replay).__name__}, not on the device path")
+    elif torch.device(trainer.device) != replay.device:
+        reasons.append(f"the trainer is on {trainer.device}, the replay on {replay.device}")
+    return "; ".join(reasons) or "LearnerStep did not capture (no error recorded)"
 
 
 def learner_case(name: str, args, sync) -> dict:
@@ -236,7 +225,9 @@ def learner_case(name: str, args, sync) -> dict:
     n = min(args.fill, capacity)
     items = random_items(spec.transition_fields(), act_space, n, rng)
     priorities = rng.random(n) + 0.01
-    contenders = {"ours": ReadingEvery(LearnerStep(*build(spec, capacity, kernels, items, priorities, device), batch))}
+    step = LearnerStep(*build(spec, capacity, kernels, items, priorities, device), batch,
+                       capture=False if args.capture == "off" else None)
+    contenders = {"ours": ReadingEvery(step)}
     trainer, replay = build(spec, capacity, kernels, items, priorities, device)
     contenders["eager"] = lambda: eager_step(trainer, replay, batch)
     if name == "dqn-cartpole":
@@ -248,29 +239,31 @@ def learner_case(name: str, args, sync) -> dict:
     sync()
     results, cpu = alternate(contenders, args.runs, args.seconds, sync)
     row = {"case": name, "algorithm": algorithm, "batch": batch, "capacity": capacity, "stored": n,
-           "replay": kernels if device.type == "cpu" else "device", "captured": contenders["ours"].step.capture,
-           "runs": results, "cpu_time_runs": cpu}
+           "replay": kernels if device.type == "cpu" else "device", "runs": results, "cpu_time_runs": cpu}
     row.update({k: statistics.median(v) for k, v in results.items()})
     row["ours/eager"] = row["ours"] / row["eager"]
     row["cpu_time"] = {k: statistics.median(v) for k, v in cpu.items()}
     row["cpu_time"].update({f"ours/{k}": row["cpu_time"]["ours"] / row["cpu_time"][k] for k in cpu if k != "ours"})
     if "plain" in row:
         row["ours/plain"] = row["ours"] / row["plain"]
-    ours = contenders["ours"]
     steps = max(5, min(args.profile_steps, int(row["eager"] * 2)))  # about 2 s of steps per pass
-    row["per_step"] = {"ours": per_step(ours.step, steps, device, sync, ours.step.read_metrics),
+    row["per_step"] = {"ours": per_step(step, steps, device, sync, step.read_metrics, READ_EVERY),
                        **{k: per_step(fn, steps, device, sync) for k, fn in contenders.items() if k != "ours"}}
+    # Read after the timed runs and the counts: a step that fell back at capture (after warm-up) ran eagerly.
+    row["step"], row["capture"] = "captured" if step.capture else "eager", capture_wanted(args, trainer, replay)
+    row["capture_error"] = None if step.capture else why_eager(step, args)
     return row
 
 
 class GraphedReplay:
     """Ours on CUDA: the host half (`start_sample`), then draw + update_priorities replayed as one captured
-    CUDA graph; eager device operations when capture fails (``graphed`` says which ran)."""
+    CUDA graph; eager device operations when capture fails (``error`` says why) and for any call whose
+    ``start_sample`` refuses (``fallbacks`` counts them)."""
 
     def __init__(self, buffer, batch_size: int):
         self.buffer, self.batch = buffer, batch_size
         self.priorities = torch.rand(batch_size, dtype=torch.float64, device=buffer.device) + 0.01
-        self.graph, self.graphed = None, False
+        self.graph, self.error, self.fallbacks = None, None, 0
         try:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -279,13 +272,15 @@ class GraphedReplay:
                     self.eager()
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            assert buffer.start_sample(batch_size)
+            if not buffer.start_sample(batch_size):
+                raise RuntimeError("start_sample refused the draw")
             with torch.cuda.graph(graph):
                 sample = buffer.draw(batch_size)
                 buffer.update_priorities(sample.indices, self.priorities)
-            self.graph, self.graphed = graph, True
+            self.graph = graph
         except Exception as exc:  # noqa: BLE001 (report and measure the eager device path instead)
-            print(f"CUDA graph capture failed, eager device path: {exc!r}")
+            self.error = f"{type(exc).__name__}: {exc}"
+            print(f"CUDA graph capture failed, eager device path: {self.error}", flush=True)
 
     def eager(self) -> None:
         sample = self.buffer.sample(self.batch)
@@ -295,7 +290,14 @@ class GraphedReplay:
         if self.graph is not None and self.buffer.start_sample(self.batch):
             self.graph.replay()
         else:
+            self.fallbacks += self.graph is not None
             self.eager()
+
+    def why_eager(self) -> str | None:
+        """None if every call replayed the graph, else why not."""
+        if self.graph is None:
+            return self.error
+        return f"start_sample refused {self.fallbacks} draws (eager instead)" if self.fallbacks else None
 
 
 def replay_case(name: str, args, sync) -> list[dict]:
@@ -308,71 +310,76 @@ def replay_case(name: str, args, sync) -> list[dict]:
         for _ in range(0, capacity, 10_000):
             buf.add(chunk)
     del chunk
-    rows = []
+    rows, graphing = [], args.device == "cuda" and args.capture != "off"
     for b in [int(x) for x in args.batch_sizes.split(",")]:
         prio = rng.random(b) + 0.01
-        if args.device == "cuda":
-            fn, graphed = (g := GraphedReplay(ours.buffer, b)), g.graphed
-        else:
-            fn, graphed = (lambda: ours.op(b, prio)), False
+        fn = GraphedReplay(ours.buffer, b) if graphing else (lambda: ours.op(b, prio))
         contenders = {"actorlearner": fn, "cpprb": lambda: cpprb.op(b, prio)}
         for f in contenders.values():
             f()
         results = alternate(contenders, args.runs, args.replay_seconds, sync)[0]
-        rows.append({**summarize(name, f"sample+update B={b}", "ops/s", results), "graphed": graphed,
-                     "runs_ops": results})
+        # Read after the timed runs: a call whose draw start_sample refused ran eagerly.
+        why = fn.why_eager() if graphing else ("--capture off" if args.capture == "off"
+                                               else f"no CUDA graphs on {args.device}")
+        rows.append({**summarize(name, f"sample+update B={b}", "ops/s", results), "runs_ops": results,
+                     "step": "eager" if why else "captured", "capture_error": why,
+                     "capture": args.capture == "require" or (args.capture == "auto" and args.device == "cuda")})
     del ours, cpprb
     gc.collect()
     return rows
 
 
-def step_counts(s: dict, cuda: bool) -> str:
-    """One contender's per-step counts for the table (on CPU, .cpu()/.numpy() of CPU tensors are views)."""
-    views = 0 if cuda else sum(v for k, v in s["host_read_calls"].items() if k in ("cpu", "numpy"))
-    reads = f"{s['host_reads'] - views:.2f} + {views:.0f} views" if views else f"{s['host_reads']:.2f}"
-    return f"{s['cuda_kernels']:.0f}, {s['launches']:.0f}, {s['syncs']:.2f}, {reads}" if cuda \
-        else f"{s['torch_ops']:.0f}, {reads}"
-
-
 def print_tables(learner_rows, replay_rows, device) -> None:
     cuda = device == "cuda"
     if learner_rows:
-        count = "kernels, launches, syncs, host reads" if cuda else "torch ops, host reads"
-        print(f"| case | batch | ours steps/s | eager steps/s | ours/eager | plain steps/s | ours/plain "
-              f"| per step ({count}): ours | eager |\n|---|---:|---:|---:|---:|---:|---:|---|---|")
+        print(f"| case | batch | ours ran | ours steps/s | eager steps/s | ours/eager | plain steps/s | ours/plain "
+              f"| per step ({COUNT_COLUMNS[cuda]}): ours | eager |\n|---|---:|---|---:|---:|---:|---:|---:|---|---|")
         for r in learner_rows:
             c, ps = r["cpu_time"], r["per_step"]
             plain = f"{r['plain']:,.0f} | **{r['ours/plain']:.2f}x** ({c['ours/plain']:.2f}x)" if "plain" in r \
                 else " | "
-            print(f"| {r['case']} | {r['batch']} | {r['ours']:,.1f} | {r['eager']:,.1f} | **{r['ours/eager']:.2f}x** "
-                  f"({c['ours/eager']:.2f}x) | {plain} | {step_counts(ps['ours'], cuda)} "
+            print(f"| {r['case']} | {r['batch']} | {r['step']} | {r['ours']:,.1f} | {r['eager']:,.1f} "
+                  f"| **{r['ours/eager']:.2f}x** ({c['ours/eager']:.2f}x) | {plain} | {step_counts(ps['ours'], cuda)} "
                   f"| {step_counts(ps['eager'], cuda)} |")
         print("(in parentheses: the same ratio of rates per second of the thread's CPU time)")
     if replay_rows:
-        print(f"\n| case | operation | actorlearner ({device}) | cpprb (cpu) | ratio |\n|---|---|---:|---:|---:|")
+        print(f"\n| case | operation | actorlearner ran | actorlearner ({device}) | cpprb (cpu) | ratio |\n"
+              "|---|---|---|---:|---:|---:|")
         for r in replay_rows:
-            print(f"| {r['case']} | {r['operation']}{' (graph)' if r['graphed'] else ''} | {r['ours']:,.0f} "
-                  f"| {r['cpprb']:,.0f} | **{r['ratio']:.2f}x** |")
+            print(f"| {r['case']} | {r['operation']} | {r['step']} | {r['ours']:,.0f} | {r['cpprb']:,.0f} "
+                  f"| **{r['ratio']:.2f}x** |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     every = [*LEARNER_CASES, *REPLAY_CASES]
     parser.add_argument("--cases", default=",".join(every), help="comma-separated: " + ", ".join(every))
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where ours runs (cpprb: CPU)")
+    parser.add_argument("--capture", default="auto", choices=("auto", "require", "off"),
+                        help="run ours in CUDA graphs: auto (on CUDA where the trainer is capturable and the "
+                        "replay on the device; never on CPU), require (every case), off (never); a case asked "
+                        "to run captured that ran eagerly fails the run (exit 1, after the tables and --json)")
     parser.add_argument("--runs", type=int, default=3, help="runs per figure; the median is reported")
-    parser.add_argument("--seconds", type=float, default=2.0, help="minimum time per learner run")
-    parser.add_argument("--replay-seconds", type=float, default=1.0, help="minimum time per replay run")
-    parser.add_argument("--fill", type=int, default=50_000, help="random items stored before a learner case")
+    parser.add_argument("--seconds", type=float, default=2.0, help="seconds each contender runs in each learner run")
+    parser.add_argument("--replay-seconds", type=float, default=1.0,
+                        help="seconds each contender runs in each replay run")
+    parser.add_argument("--fill", type=int, default=50_000,
+                        help="random items stored before a learner case (at most its capacity)")
     parser.add_argument("--batch-sizes", default="256,4096,32768", help="replay cases' B")
     parser.add_argument("--warmup", type=int, default=10, help="learner steps of each contender before timing")
-    parser.add_argument("--profile-steps", type=int, default=100, help="steps counted for ops and host reads")
+    parser.add_argument("--profile-steps", type=int, default=100,
+                        help="steps counted per pass for ops, launches, syncs and host reads (fewer when a "
+                        "step is slow: about 2 s of eager steps, at least 5)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: short runs, small fills, N / 10")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 run of 0.3 s (replay: 0.2 s), fill "
+                        "at most 5,000, 3 warm-up steps, 5 counted, replay capacities N / 10")
     parser.add_argument("--json", metavar="PATH", help="write every figure (and each run's) here")
     args = parser.parse_args()
+    cases = args.cases.split(",")
+    if unknown := [case for case in cases if case not in every]:
+        parser.error(f"unknown case(s) {', '.join(map(repr, unknown))}; known: {', '.join(every)}")
     if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device here")
+        parser.error("--device cuda: no CUDA device here (torch.cuda.is_available() is False)")
     if args.quick:
         args.runs, args.seconds, args.replay_seconds = 1, 0.3, 0.2
         args.fill, args.warmup, args.profile_steps = min(args.fill, 5_000), 3, 5
@@ -380,22 +387,28 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     learner_rows, replay_rows = [], []
-    for case in args.cases.split(","):
+    for case in cases:
         began = time.perf_counter()
-        if case in LEARNER_CASES:
-            learner_rows.append(learner_case(case, args, sync))
-        elif case in REPLAY_CASES:
-            replay_rows += replay_case(case, args, sync)
-        else:
-            parser.error(f"unknown case {case!r}")
-        print(f"{case}: {time.perf_counter() - began:.0f} s", flush=True)
+        rows = [learner_case(case, args, sync)] if case in LEARNER_CASES else replay_case(case, args, sync)
+        (learner_rows if case in LEARNER_CASES else replay_rows).extend(rows)
+        print(f"{case}: {time.perf_counter() - began:.0f} s, ours ran {', '.join(r['step'] for r in rows)}",
+              flush=True)
         gc.collect()
     print_tables(learner_rows, replay_rows, args.device)
+    failures = [(r["case"] + (f" {r['operation']}" if "operation" in r else ""), r["capture_error"])
+                for r in learner_rows + replay_rows if r["capture"] and r["step"] != "captured"]
     if args.json:
         meta = {"device": args.device, "torch": torch.__version__, "threads": torch.get_num_threads(),
-                "runs": args.runs, "seconds": args.seconds, "fill": args.fill, "read_every": READ_EVERY}
+                "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
+                "runs": args.runs, "seconds": args.seconds, "fill": args.fill, "read_every": READ_EVERY,
+                "capture": args.capture, "capture_failures": [{"case": c, "reason": why} for c, why in failures]}
         with open(args.json, "w") as f:
             json.dump({**meta, "learner": learner_rows, "replay": replay_rows}, f, indent=1)
+    for case, why in failures:
+        print(f"FAILED: {case} was to run captured (--capture {args.capture}) but ran eagerly: {why}",
+              file=sys.stderr, flush=True)
+    if failures:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
