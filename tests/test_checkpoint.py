@@ -557,17 +557,30 @@ def tagged_batch(actor: int, seq: int, n: int = 32) -> pb.TrajectoryBatch:
 
 
 class Ingester(threading.Thread):
-    """Keeps ingesting actor "b"'s tagged batches (seq 1, 2, ...) until stopped."""
+    """Ingests actor "b"'s tagged batches (seq 1, 2, ...) as far as it is allowed, until stopped. Bounded, so
+    that a checkpoint slower to start than the ingester (a cold numba cache, a busy machine) never finds the
+    rate limiter full and the ingester stuck: then no read could see the inserts it waits for."""
 
-    def __init__(self, learner: Learner):
+    def __init__(self, learner: Learner, allowed: int):
         super().__init__(daemon=True)
         self.learner, self.stored, self.error = learner, 0, None
+        self.allowed = allowed
+        self.changed = threading.Condition()
         self.stop = threading.Event()
+
+    def allow(self, more: int) -> None:
+        with self.changed:
+            self.allowed += more
+            self.changed.notify_all()
 
     def run(self) -> None:
         stream = self.learner.connect(pb.Hello(actor_id="b", policy_version=-1))
         try:
-            while not self.stop.is_set():
+            while True:
+                with self.changed:
+                    self.changed.wait_for(lambda: self.stored < self.allowed or self.stop.is_set())
+                if self.stop.is_set():
+                    return
                 assert self.learner.ingest(stream, tagged_batch(1, self.stored + 1))
                 self.stored += 1
         except Exception as e:  # noqa: BLE001 - reported by the test
@@ -587,6 +600,7 @@ def pause_each_chunk_read(monkeypatch, learner: Learner, ingester: Ingester, bat
 
         def read_after_inserts(*read_args):
             target = ingester.stored + batches
+            ingester.allow(batches)
             assert wait_for(lambda: ingester.stored >= target or ingester.error is not None, 60), "ingest is stuck"
             seen.append([(p.name.startswith(".tmp-"), (p / "manifest.json").exists())
                          for p in learner.checkpoints.directory.iterdir()])
@@ -602,7 +616,7 @@ def pause_each_chunk_read(monkeypatch, learner: Learner, ingester: Ingester, bat
 def checkpoint_while_ingesting(monkeypatch, learner: Learner, batches_per_read: int):
     """Checkpoint while actor "b" keeps ingesting, each chunk read waiting for ``batches_per_read`` more
     inserts. Returns :func:`pause_each_chunk_read`'s record and how many batches "b" stored in all."""
-    ingester = Ingester(learner)
+    ingester = Ingester(learner, allowed=3)
     seen = pause_each_chunk_read(monkeypatch, learner, ingester, batches=batches_per_read)
     ingester.start()
     try:
@@ -610,6 +624,7 @@ def checkpoint_while_ingesting(monkeypatch, learner: Learner, batches_per_read: 
         learner.checkpoint()
     finally:
         ingester.stop.set()
+        ingester.allow(0)  # wakes it to see the stop
         ingester.join()
     assert ingester.error is None
     return seen, ingester.stored
