@@ -10,9 +10,10 @@ r2d2-cartpole (128 sequences, 100k), sac-halfcheetah (Box(17,) float64, Box(6,) 
 - ours: `LearnerStep(trainer, replay, batch)`, metrics read every 100 steps;
 - eager: the same trainer and replay step by step, ``replay.sample``, ``trainer.update``,
   ``replay.update_priorities``, the metrics read every step (the learner's loop before LearnerStep);
-- plain (dqn-cartpole only): the issue's target, a plain eager torch step written below in a few
-  lines (cumsum + searchsorted over a flat priority vector, IS weights, row gather, Huber double
-  DQN on the spec's own QNetwork, Adam, the priority scatter), over the same stored items.
+- plain (dqn-cartpole only): the issue's target, a plain eager torch step written below with torch
+  alone (cumsum + searchsorted over a flat priority vector, IS weights, row gather, Huber double
+  DQN on a dueling MLP of the spec's sizes, Adam, clipping, the priority scatter), over the same
+  stored items; nothing of the project's, whose overhead it would hide.
 
 Each gets its own trainer (same seed) and replay (same items); runs alternate between them; medians
 of ``--runs``. Per step also (bench_counts.py): on CPU the torch ops (profiler ``aten::`` events,
@@ -54,7 +55,6 @@ from bench_counts import COUNT_COLUMNS, per_step, step_counts
 from bench_replay import Cpprb, make_fields, random_batch, summarize
 from bench_replay import Ours as ReplayOurs
 
-from actorlearner.algorithms.base import seeded
 from actorlearner.algorithms.registry import make_spec
 from actorlearner.learner.step import LearnerStep
 from actorlearner.replay import PrioritizedReplay
@@ -105,30 +105,33 @@ class ReadingEvery:
 
 
 class PlainDQN:
-    """The issue's baseline: a plain eager torch learner step for the spec's DQN, in a few lines."""
+    """The issue's baseline, as a user writes it with torch alone: the same network (two hidden layers and a
+    dueling head) and the same update as the spec's DQN, for one Discrete action over vector observations."""
 
-    def __init__(self, spec, items: dict[str, np.ndarray], priorities: np.ndarray, batch_size: int, device):
-        self.spec, self.batch, self.device, config = spec, batch_size, torch.device(device), spec.config
+    def __init__(self, config, items: dict[str, np.ndarray], priorities: np.ndarray, batch_size: int, device):
+        self.config, self.batch, self.device = config, batch_size, torch.device(device)
         self.data = {k: torch.from_numpy(v).to(device) for k, v in items.items()}
         self.prio = torch.from_numpy((priorities + EPS) ** ALPHA).to(device)  # stored as (p + eps) ** alpha
-        self.online, self.target = seeded(0, lambda: (spec.make_network(), spec.make_network()))
-        self.online.to(device), self.target.to(device).load_state_dict(self.online.state_dict())
+        obs_dim, actions = items["obs"].shape[1], int(items["action"].max()) + 1
+        torch.manual_seed(0)
+        self.online, self.target = (Dueling(obs_dim, config.hidden_sizes, actions).to(device) for _ in range(2))
+        self.target.load_state_dict(self.online.state_dict())
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=config.lr)
         self.updates, self.beta = 0, 0.4
 
     def __call__(self) -> None:
-        c, n, b = self.spec.config, len(self.prio), self.batch
+        c, n, b = self.config, len(self.prio), self.batch
         cum = torch.cumsum(self.prio, 0)  # stratified proportional draws
         idx = torch.searchsorted(cum, (torch.arange(b, device=self.device) + torch.rand(b, device=self.device))
                                  * (cum[-1] / b)).clamp_(max=n - 1)
         weights = (self.prio[idx] / self.prio.min()).pow(-self.beta).float()  # (N P(i))^-beta / max
-        obs, a, r, d, next_obs = self.spec.unpack({k: v[idx] for k, v in self.data.items()}, self.device)
+        obs, a, r, d, next_obs = (self.data[k][idx] for k in ("obs", "action", "reward", "discount", "next_obs"))
         q = self.online(obs)
         with torch.no_grad():
-            best = self.online(next_obs).argmax(-1, keepdim=True)
-            target = r + d * self.target(next_obs).gather(-1, best).squeeze(-1).mean(-1)
-        td = target[:, None] - q.gather(-1, a[..., None]).squeeze(-1)
-        loss = (weights * F.huber_loss(td, torch.zeros_like(td), reduction="none", delta=c.huber_delta).mean(-1)).mean()
+            best = self.online(next_obs).argmax(1, keepdim=True)
+            target = r + d * self.target(next_obs).gather(1, best).squeeze(1)
+        td = target - q.gather(1, a[:, None]).squeeze(1)
+        loss = (weights * F.huber_loss(td, torch.zeros_like(td), reduction="none", delta=c.huber_delta)).mean()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.online.parameters(), c.max_grad_norm)
@@ -136,7 +139,25 @@ class PlainDQN:
         self.updates += 1
         if self.updates % c.target_update_period == 0:
             self.target.load_state_dict(self.online.state_dict())
-        self.prio[idx] = (td.detach().abs().mean(-1) + c.priority_eps + EPS).double().pow(ALPHA)
+        self.prio[idx] = (td.detach().abs() + c.priority_eps + EPS).double().pow(ALPHA)
+
+
+class Dueling(torch.nn.Module):
+    """Plain's network: Linear + ReLU layers, then V(s) + A(s, a) - mean A(s, .)."""
+
+    def __init__(self, inputs: int, hidden: tuple[int, ...], actions: int):
+        super().__init__()
+        layers, width = [], inputs
+        for size in hidden:
+            layers += [torch.nn.Linear(width, size), torch.nn.ReLU()]
+            width = size
+        self.torso = torch.nn.Sequential(*layers)
+        self.value, self.advantage = torch.nn.Linear(width, 1), torch.nn.Linear(width, actions)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.torso(x)
+        a = self.advantage(h)
+        return self.value(h) + a - a.mean(1, keepdim=True)
 
 
 def random_items(fields, action_space, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -231,7 +252,7 @@ def learner_case(name: str, args, sync) -> dict:
     trainer, replay = build(spec, capacity, kernels, items, priorities, device)
     contenders["eager"] = lambda: eager_step(trainer, replay, batch)
     if name == "dqn-cartpole":
-        contenders["plain"] = PlainDQN(spec, items, priorities, batch, device)
+        contenders["plain"] = PlainDQN(spec.config, items, priorities, batch, device)
     del items
     for fn in contenders.values():  # warm-up: first calls, a CUDA graph's capture, allocator
         for _ in range(args.warmup):
