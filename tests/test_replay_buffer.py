@@ -76,7 +76,9 @@ def test_sampling_frequencies_follow_priority_to_the_alpha(replay_path):
     priorities = rng.uniform(0.01, 5.0, size=50)
     buf.add(batch(0, 50), priorities=priorities)
     counts = np.zeros(50)
-    for _ in range(2000):
+    # Triton's interpreter pays per call: fewer draws there (its draws equal the torch path's, bit for bit:
+    # tests/test_triton_tree.py), still enough for the chi-square to see a wrong law.
+    for _ in range(500 if replay_path["kernels"] == "triton" and replay_path["device"] == "cpu" else 2000):
         counts += np.bincount(buf.sample(50).indices.cpu().numpy(), minlength=50)
     expected = priorities**alpha / (priorities**alpha).sum()
     ok, statistic, critical = chi_square_passes(counts, expected)
@@ -183,6 +185,35 @@ def test_state_dict_round_trip(replay_path):
     back = PrioritizedReplay(16, FIELDS, device="cpu")
     back.load_state_dict(other.state_dict())
     assert torch.equal(back._tree.leaves, buf._tree.leaves)
+
+
+def test_a_restored_buffer_continues_bit_for_bit(replay_path):
+    """Saved mid-run with the RNG state, a new buffer of the same path samples, weighs, updates and evicts
+    exactly as the first one goes on to do (the host's index of versions rebuilt from the state)."""
+    buf = PrioritizedReplay(48, FIELDS, **replay_path)
+    for version in range(4):
+        buf.add(batch(version * 20, 20), priorities=np.linspace(0.1, 2, 20), policy_version=version)
+    first = buf.sample(8)
+    buf.update_priorities(first.indices, torch.linspace(0.5, 3, 8, device=buf.device))
+    cuda = buf.device.type == "cuda"  # draws come from the CUDA generator there
+    state, rng = buf.state_dict(), torch.cuda.get_rng_state() if cuda else torch.get_rng_state()
+
+    def go_on(replay) -> list:
+        out = []
+        for step in range(4):
+            sample = replay.sample(8, min_policy_version=2 if step >= 2 else None)
+            replay.update_priorities(sample.indices, sample.weights.double() + step)
+            out.append((sample.indices.cpu(), sample.weights.cpu(), replay._tree.leaves.cpu().clone()))
+        replay.add(batch(100, 5), policy_version=4)
+        return out + [(replay._tree.leaves.cpu().clone(),)]
+
+    want = go_on(buf)
+    restored = PrioritizedReplay(48, FIELDS, **replay_path)
+    restored.load_state_dict(state)
+    (torch.cuda.set_rng_state if cuda else torch.set_rng_state)(rng)
+    for a, b in zip(go_on(restored), want, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    restored.check_errors()
 
 
 def test_state_dict_mismatch_is_rejected():
