@@ -84,7 +84,7 @@ class HostTraffic(TorchFunctionMode):
             if isinstance(data, torch.Tensor):
                 if target is None or self._on_device(data):
                     return self._on_device(data)
-                self._copy(data, into_device=True, non_blocking=False)
+                self._copy(into_device=True, non_blocking=False)
                 return True
             self._count("made")
             return target is not None or source_on_device
@@ -102,10 +102,10 @@ class HostTraffic(TorchFunctionMode):
             pairs = zip(args[0], args[1]) if name == "_foreach_copy_" else [(args[0], args[1])]
             for dst, src in pairs:
                 if self._on_device(dst) != self._on_device(src):
-                    self._copy(src, into_device=self._on_device(dst), non_blocking=kwargs.get("non_blocking", False),
+                    self._copy(into_device=self._on_device(dst), non_blocking=kwargs.get("non_blocking", False),
                                host=dst if self._on_device(src) else src)
             return None
-        inputs = [t for t in _tensors((args, kwargs))]
+        inputs = list(_tensors((args, kwargs)))
         if not inputs:
             return None
         kinds = {self._on_device(t) for t in inputs}
@@ -128,11 +128,10 @@ class HostTraffic(TorchFunctionMode):
             to_device = self._on_device(target) if isinstance(target, torch.Tensor) else not _names_host(target)
         if to_device != self._on_device(source):
             non_blocking = kwargs.get("non_blocking", any(a is True for a in args[1:]))
-            self._copy(source, into_device=to_device, non_blocking=non_blocking, host=source if to_device else None)
+            self._copy(into_device=to_device, non_blocking=non_blocking, host=source if to_device else None)
         return to_device
 
-    def _copy(self, source: torch.Tensor, *, into_device: bool, non_blocking: bool,
-              host: torch.Tensor | None = None) -> None:
+    def _copy(self, *, into_device: bool, non_blocking: bool, host: torch.Tensor | None = None) -> None:
         """Count one copy; asynchronous only with ``non_blocking`` through a pinned ``host`` buffer."""
         kind = "h2d" if into_device else "d2h"
         asynchronous = non_blocking and host is not None and is_pinned(host)

@@ -157,8 +157,8 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
         if not isinstance(indices, torch.Tensor):
             self._check_host_keys(np.asarray(indices, dtype=np.int64).reshape(-1))
         keys = self._as_input(indices, torch.long).reshape(-1)
-        p = priorities.reshape(-1) if isinstance(priorities, torch.Tensor) and priorities.device == self.device \
-            and priorities.dtype in (torch.float32, torch.float64) else self._as_input(priorities, torch.float64).reshape(-1)
+        given = priorities.dtype if isinstance(priorities, torch.Tensor) else None  # the kernels read either float
+        p = self._as_input(priorities, given if given in (torch.float32, torch.float64) else torch.float64).reshape(-1)
         if p.shape[0] != keys.shape[0]:
             raise ValueError(f"got {p.shape[0]} priorities for {keys.shape[0]} items")
         if keys.numel() == 0:

@@ -74,20 +74,16 @@ class RowStaging:
 
     def write(self, columns: Mapping[str, torch.Tensor], versions: np.ndarray, priorities: np.ndarray | None,
               start: int) -> None:
-        """Copy one insert (``n`` items: host columns, versions one or one each, priorities or None) into
-        the slots from ``start``. Device columns are copied from where they are."""
+        """Copy one insert (``n`` items: columns, versions one or one each, priorities or None) into the slots
+        from ``start``."""
         n = next(iter(columns.values())).shape[0]
         rows_bytes = n * self.row_bytes
         buffer = self.pool.take(rows_bytes + 8 * n)
         staged = buffer[:rows_bytes].view(n, self.row_bytes)
         staged_priorities = buffer[rows_bytes:rows_bytes + 8 * n].view(torch.float64)
         typed = typed_columns(staged, self.layout)
-        on_device = {}
         for name, column in columns.items():
-            if column.device.type == "cpu":
-                typed[name].copy_(column)
-            else:
-                on_device[name] = column
+            typed[name].copy_(column)
         typed[KEY].fill_(-1)
         typed[VERSION].copy_(torch.from_numpy(np.ascontiguousarray(versions)))
         if priorities is not None:
@@ -97,8 +93,3 @@ class RowStaging:
             if priorities is not None:
                 self.priorities[at:stop].copy_(staged_priorities[offset:offset + stop - at], non_blocking=True)
         self.pool.release(buffer)
-        if on_device:
-            device_typed = typed_columns(self.rows, self.layout)
-            for name, column in on_device.items():
-                for at, stop, offset in ring_parts(start, n, self.capacity):
-                    device_typed[name][at:stop].copy_(column[offset:offset + stop - at])

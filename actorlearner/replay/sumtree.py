@@ -60,7 +60,7 @@ class SumTree:
         self._top_cumsum = torch.zeros(top, **kw)
         self._top_before = torch.zeros(top, **kw)  # mass left of each top node
         self._min = torch.full((), math.inf, **kw)
-        self._triton = triton_kernels(self.device, triton)  # None: the torch code below
+        self._triton = _triton_kernels(self.device, triton)  # None: the torch code below
 
     @property
     def leaves(self) -> torch.Tensor:
@@ -256,7 +256,7 @@ class CpuSumTree:
         self.update_range(0, leaves)
 
 
-def triton_kernels(device: torch.device, use: bool | None = None):
+def _triton_kernels(device: torch.device, use: bool | None = None):
     """The Triton kernels' module for a tree on ``device``, or None for the torch code. ``use=None``: on CUDA
     when triton imports and compiles its kernels (interpreted, they read tensors on the host). True: the
     kernels, compiled on CUDA or interpreted on the CPU (``TRITON_INTERPRET=1``, as tests run them); raises
