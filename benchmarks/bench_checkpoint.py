@@ -148,7 +148,8 @@ def measure(case_name: str, runs: int, workdir: str) -> dict:
     for part in (learner, learner.registry, learner.ingestion, learner.training):  # each holds the replay's lock
         part.replay_lock = lock
     payload = wire.encode_batch(random_columns(learner.fields, BATCH, rng))
-    batch = pb.ActorMessage.FromString(wire.encode_batch_message(0, 0, BATCH, payload, wire.Codec.MSGPACK)).batch
+    batch = pb.ActorMessage.FromString(wire.encode_batch_message(0, 0, BATCH, payload, wire.Codec.MSGPACK,
+                                                                [1.0] * BATCH)).batch
     record = learner.connect(pb.Hello(actor_id="bench", policy_version=-1))
     stop = threading.Event()
 

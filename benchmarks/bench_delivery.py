@@ -46,6 +46,7 @@ def client_process(addresses: list[str], hello_bytes: bytes, first_id: int, stre
     """``streams`` simulated actors as threads (actor i dials ``addresses[i % len]``); puts into ``received``
     each actor's list of (version, monotonic time it was whole)."""
     calls = []
+    priorities = [1.0] * n  # the learner's Welcome asks dqn actors for them
 
     def one_stream(index: int, connected: threading.Event, log: list) -> None:
         hello = pb.Hello.FromString(hello_bytes)
@@ -68,7 +69,7 @@ def client_process(addresses: list[str], hello_bytes: bytes, first_id: int, stre
                     if credits.acquire(timeout=0.2):
                         seq += 1
                         next_at += interval
-                        yield wire.encode_batch_message(seq, 0, n, payload, wire.Codec.MSGPACK)
+                        yield wire.encode_batch_message(seq, 0, n, payload, wire.Codec.MSGPACK, priorities)
 
             call = connect(requests())
             calls.append(call)

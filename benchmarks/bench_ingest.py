@@ -94,10 +94,10 @@ def learner_client(link_class, address: str, hello_bytes: bytes, payload: bytes,
     link = link_class(address, pb.Hello.FromString(hello_bytes), MESSAGE_LIMIT).start()
     link.welcomed.wait(30)
     ready.set()
-    seq = 0
+    seq, priorities = 0, [1.0] * n  # the learner's Welcome asks dqn actors for priorities
     while not stop.is_set():
         seq += 1
-        message = wire.encode_batch_message(seq, 0, n, payload, wire.Codec.MSGPACK)
+        message = wire.encode_batch_message(seq, 0, n, payload, wire.Codec.MSGPACK, priorities)
         while not link.send_batch(seq, message, timeout=0.2):
             if stop.is_set():
                 break

@@ -44,6 +44,7 @@ def cartpole_payload(transitions: int) -> bytes:
 def client_process(address: str, hello_bytes: bytes, first_id: int, streams: int, payload: bytes, n: int,
                    window: int, stop, ready) -> None:
     """``streams`` streams as threads, each sending batches with a bounded unacked window."""
+    priorities = [1.0] * n  # the learner's Welcome asks dqn actors for them
     def one_stream(actor_id: str, connected: threading.Event) -> None:
         hello = pb.Hello.FromString(hello_bytes)
         hello.actor_id = actor_id
@@ -59,7 +60,7 @@ def client_process(address: str, hello_bytes: bytes, first_id: int, streams: int
                 while not stop.is_set():
                     if credits.acquire(timeout=0.2):
                         seq += 1
-                        yield wire.encode_batch_message(seq, 0, n, payload, wire.Codec.MSGPACK)
+                        yield wire.encode_batch_message(seq, 0, n, payload, wire.Codec.MSGPACK, priorities)
 
             call = connect(requests())
             try:

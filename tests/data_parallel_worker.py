@@ -53,7 +53,7 @@ def insert(learner: Learner, actor_id: str, seq: int, n: int = 32) -> None:
         fields[name] = (values if dtype.is_floating_point else values > 0).astype(wire.np_dtype(dtype))
     fields.update(discount=np.full_like(fields["discount"], 0.97))
     message = pb.ActorMessage.FromString(
-        wire.encode_batch_message(seq, 0, n, wire.encode_batch(fields), wire.Codec.MSGPACK))
+        wire.encode_batch_message(seq, 0, n, wire.encode_batch(fields), wire.Codec.MSGPACK, priorities=[1.0] * n))
     assert learner.ingest(learner.connect(pb.Hello(actor_id=actor_id, policy_version=-1)), message.batch)
 
 

@@ -26,15 +26,15 @@ def hello(actor_id: str, policy_version: int = -1) -> pb.ActorMessage:
                                           env_spec=CARTPOLE_SPEC, policy_version=policy_version))
 
 
-def batch(seq: int, n: int = 16, policy_version: int = 0, tag: float = 0.0) -> pb.ActorMessage:
+def batch(seq: int, n: int = 16, policy_version: int = 0, tag: float = 0.0, priorities: bool = True) -> pb.ActorMessage:
     """A well-formed batch of ``n`` CartPole transitions that say who sent them: obs = (seq, row, tag, 0)
-    (no real CartPole state has pole angle ``tag`` when it is large)."""
+    (no real CartPole state has pole angle ``tag`` when it is large); with priorities (1 each) unless told not."""
     obs = np.zeros((n, 4), np.float32)
     obs[:, 0], obs[:, 1], obs[:, 2] = seq, np.arange(n), tag
     fields = {"obs": obs, "action": np.zeros(n, np.int64), "reward": np.ones(n, np.float32),
               "discount": np.full(n, 0.99, np.float32), "next_obs": obs.copy()}
     return pb.ActorMessage.FromString(wire.encode_batch_message(seq, policy_version, n, wire.encode_batch(fields),
-                                                                wire.Codec.MSGPACK))
+                                                                wire.Codec.MSGPACK, priorities=[1.0] * n * priorities))
 
 
 class RawStream:
@@ -88,6 +88,10 @@ class RawStream:
     def cancel(self) -> None:
         """Go away as a killed actor would: the stream ends without a half-close."""
         self._call.cancel()
+
+    def half_close(self) -> None:
+        """Send nothing more; the learner's messages still come."""
+        self._requests.put(None)
 
     def close(self) -> None:
         self._requests.put(None)

@@ -97,7 +97,7 @@ def test_get_spec_alone_is_enough_to_stream_batches_and_read_the_policy(goal_ima
     n = 8
     payload = wire.encode_batch({name: np.zeros((n, *shape), dtype) for name, (shape, dtype) in fields.items()})
     raw = RawStream(f"127.0.0.1:{port}", pb.ActorMessage(hello=hello), pb.ActorMessage.FromString(
-        wire.encode_batch_message(1, 0, n, payload, wire.Codec.MSGPACK)))
+        wire.encode_batch_message(1, 0, n, payload, wire.Codec.MSGPACK, priorities=[1.0] * n)))
     try:
         welcome = raw.next("welcome").welcome
         assert list(welcome.batch_fields) == list(spec.batch_fields)

@@ -370,7 +370,7 @@ def ingest(learner: Learner, actor_id: str, seq: int, n: int = 32) -> bool:
         fields[name] = (values if dtype.is_floating_point else values > 0).astype(wire.np_dtype(dtype))
     fields.update(reward=np.ones_like(fields["reward"]), discount=np.full_like(fields["discount"], 0.97))
     message = pb.ActorMessage.FromString(
-        wire.encode_batch_message(seq, 0, n, wire.encode_batch(fields), wire.Codec.MSGPACK))
+        wire.encode_batch_message(seq, 0, n, wire.encode_batch(fields), wire.Codec.MSGPACK, priorities=[1.0] * n))
     record = learner.connect(pb.Hello(actor_id=actor_id, policy_version=-1))
     return learner.ingest(record, message.batch)
 

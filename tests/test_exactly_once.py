@@ -41,7 +41,8 @@ def batch_for(learner: Learner, seq: int) -> bytes:
     fields = {name: np.zeros((BATCH, *shape), wire.np_dtype(dtype)) for name, (shape, dtype) in learner.fields.items()}
     marks = fields["obs"].reshape(BATCH, -1)
     marks[:, 0], marks[:, 1] = seq, np.arange(BATCH)
-    return wire.encode_batch_message(seq, 0, BATCH, wire.encode_batch(fields), wire.Codec.MSGPACK)
+    return wire.encode_batch_message(seq, 0, BATCH, wire.encode_batch(fields), wire.Codec.MSGPACK,
+                                     priorities=[1.0] * BATCH)
 
 
 def test_cut_streams_lose_nothing_acked_and_insert_nothing_twice(learner):

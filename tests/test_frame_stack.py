@@ -230,7 +230,8 @@ def test_a_learner_refuses_a_batch_whose_frame_index_is_out_of_range():
 
         def message(seq: int, fields: dict) -> pb.ActorMessage:
             return pb.ActorMessage.FromString(wire.encode_batch_message(
-                seq, 0, len(fields["action"]), wire.encode_batch(fields), wire.Codec.MSGPACK))
+                seq, 0, len(fields["action"]), wire.encode_batch(fields), wire.Codec.MSGPACK,
+                priorities=[1.0] * len(fields["action"])))
 
         good = RawStream(f"127.0.0.1:{port}", hello, message(1, batches[0]))
         assert good.next("ack", 60).ack.accepted

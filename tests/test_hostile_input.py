@@ -101,9 +101,12 @@ def raw_payload(**arrays: dict) -> bytes:
 
 
 def batch(seq: int, payload: bytes | None = None, n: int = N, codec: int = pb.CODEC_MSGPACK,
-          priorities=(), policy_version: int = 0) -> pb.ActorMessage:
+          priorities=None, policy_version: int = 0) -> pb.ActorMessage:
+    """A batch; its priorities default to one per transition (the learner's Welcome asks for them)."""
     if payload is None:
         payload = wire.encode_batch(good_fields(n))
+    if priorities is None:
+        priorities = [1.0] * n
     return pb.ActorMessage(batch=pb.TrajectoryBatch(seq=seq, policy_version=policy_version, num_transitions=n,
                                                     payload=payload, codec=codec, priorities=priorities))
 
@@ -249,6 +252,7 @@ BAD_BATCHES = {
     "inf priority": (batch(1, priorities=[float("inf")] * N), "finite and non-negative"),
     "negative priority": (batch(1, priorities=[1.0, 1.0, -0.5, 1.0, 1.0]), "finite and non-negative"),
     "too few priorities": (batch(1, priorities=[1.0, 1.0]), "2 priorities for 5 transitions"),
+    "no priorities where the Welcome asks for them": (batch(1, priorities=[]), "actor_priorities is true"),
     "unspecified codec": (batch(1, codec=pb.CODEC_UNSPECIFIED), "codec is unspecified"),
     "unknown codec": (batch(1, codec=7), "unknown codec"),
     "no transitions": (batch(1, n=0, payload=wire.encode_batch(good_fields(1))), "num_transitions"),

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import torch
 from procs import CHILD_ENV, WITHOUT_ACTORLEARNER, wait_until
-from streams import RawStream, hello
+from streams import RawStream, batch, hello
 
 from actorlearner import wire
 from actorlearner.config import LearnerConfig
@@ -86,9 +86,13 @@ def test_an_onnx_actor_runs_each_new_version_as_the_learner_s_greedy_policy_with
         scramble(learner, 1)
         assert learner.onnx_feed.exports == 0  # no ONNX stream yet: nothing exported
         stream = RawStream(f"127.0.0.1:{port}", onnx_hello("onnx-actor"))
-        stream.next("welcome")
+        welcome = stream.next("welcome").welcome  # sent once the model of the version it names is ready
+        assert welcome.policy_version == learner.version == 1 and learner.onnx_feed.exports == 1
+        assert not welcome.settings.actor_priorities  # the model returns actions only: the learner prioritizes
         version, model = next_model(stream)
-        assert version == learner.version == 1 and learner.onnx_feed.exports == 1
+        assert version == 1
+        stream.send(batch(1, priorities=False))
+        assert stream.next("ack").ack.accepted
         actions = onnx_actions(tmp_path, model, observations)
         np.testing.assert_array_equal(actions, learner_policy(learner).act(observations, 0.0))
         assert 0 < actions.mean() < 1  # both actions occur: the comparison says something
@@ -107,6 +111,7 @@ def test_an_onnx_actor_runs_each_new_version_as_the_learner_s_greedy_policy_with
         assert learner.onnx_feed.broadcast.serializations == serialized + 1  # once for both streams
 
         state_dict_stream = RawStream(f"127.0.0.1:{port}", hello("state-dict-actor"))
+        assert state_dict_stream.next("welcome").welcome.settings.actor_priorities
         assert wire.decode_state_dict(next_model(state_dict_stream)[1])  # the others still get state dicts
         for opened in (stream, second, state_dict_stream):
             opened.close()

@@ -244,7 +244,7 @@ def ttt_batch(learner: Learner, seq: int, games: list[pb.GameResult], opponents:
     fields = {name: np.zeros((n, *shape), wire.np_dtype(dtype)) for name, (shape, dtype) in learner.fields.items()}
     fields["discount"][:] = 0.99
     return pb.ActorMessage.FromString(wire.encode_batch_message(
-        seq, 0, n, wire.encode_batch(fields), wire.Codec.MSGPACK, games=games, opponents=opponents))
+        seq, 0, n, wire.encode_batch(fields), wire.Codec.MSGPACK, [1.0] * n, games, opponents))
 
 
 @pytest.fixture

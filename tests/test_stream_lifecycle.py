@@ -213,3 +213,24 @@ def test_sigterm_with_a_batch_waiting_sends_shutdown_and_ends_ok(tmp_path):
     text = log.read_text()
     assert "bad input" not in text and "Traceback" not in text, text[-3000:]
     assert "was not stored (the learner is shutting down)" in text
+
+
+def test_after_shutdown_the_learner_ends_each_stream_with_ok_whether_or_not_the_actor_ends_it(tmp_path):
+    """The proto's step 7: Shutdown, then OK, both for an actor that half-closes on the Shutdown and for one
+    that only reads and waits for the learner to end the stream (the server's own grace outlasts the wait)."""
+    learner = subprocess.Popen([sys.executable, "-m", "actorlearner", "learner", "--port", "0", "--eval-every", "0"],
+                               stdout=subprocess.PIPE, stderr=(tmp_path / "learner.log").open("w"), text=True)
+    try:
+        port = int(learner.stdout.readline().rsplit(":", 1)[1])
+        polite, waiting = (RawStream(f"127.0.0.1:{port}", hello(name)) for name in ("polite", "waiting"))
+        for stream in (polite, waiting):
+            stream.next("welcome", timeout=60)
+        learner.send_signal(signal.SIGTERM)
+        for stream in (polite, waiting):
+            assert stream.next("shutdown", timeout=60).shutdown.reason
+        polite.half_close()
+        assert polite.wait_end(60) == (grpc.StatusCode.OK, "")
+        assert waiting.wait_end(60) == (grpc.StatusCode.OK, "")
+        assert learner.wait(60) == 0
+    finally:
+        learner.kill()

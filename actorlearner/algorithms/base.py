@@ -181,6 +181,11 @@ class Policy(ABC):
         """Whether it overrides `export_policy`."""
         return type(self).export_policy is not Policy.export_policy
 
+    @property
+    def gives_priorities(self) -> bool:
+        """Whether it overrides `initial_priorities`: actors then send every batch's priorities."""
+        return type(self).initial_priorities is not Policy.initial_priorities
+
     def retune(self, config: Any) -> None:
         """Take a config that differs only in runtime-tunable options."""
         self.config = config

@@ -78,6 +78,9 @@ class Ingest:
         arrays = wire.decode_batch(batch.payload if payload is None else payload, batch.codec, self.fields, n,
                                    self.max_message_bytes)
         priorities = wire.decode_priorities(batch.priorities, n)
+        if priorities is None and session.priorities:
+            raise wire.WireError("this stream's Settings.actor_priorities is true: every batch must carry "
+                                 "one priority per transition")
         self._acquire_insert(session, n)
         reservation, inserted = None, False
         try:

@@ -37,7 +37,7 @@ from actorlearner.learner.spec import Refusal, check_hello, field_specs
 from actorlearner.learner.trainer import TrainingLoop
 from actorlearner.metrics import Metric
 from actorlearner.replay import PrioritizedReplay, RateLimiter
-from actorlearner.streaming.broadcast import PolicyBroadcast
+from actorlearner.streaming.broadcast import ONNX_FORMAT, PolicyBroadcast
 from actorlearner.v1 import learner_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -103,6 +103,7 @@ class Learner:
         eval_policy = algorithm_spec.make_policy(device="cpu", seed=config.seed)
         eval_opponent = algorithm_spec.make_policy(device="cpu", seed=config.seed + 1) if self.agents else None
         policy = {name: (tuple(t.shape), t.dtype) for name, t in eval_policy.policy_state_dict().items()}
+        self.gives_priorities = eval_policy.gives_priorities
         self._spec = pb.LearnerSpec(protocol_version=wire.PROTOCOL_VERSION, env_spec=self.env_spec,
                                     algorithm=config.algorithm, algorithm_config=config_json(self.algorithm_config),
                                     batch_fields=self.batch_fields, policy=field_specs(policy))
@@ -207,8 +208,12 @@ class Learner:
         return self._spec
 
     def connect(self, hello: pb.Hello, via: str = "") -> ActorSession:
-        """Open a stream for an actor id (known or new), directly or through relay ``via``."""
-        return self.registry.connect(hello, via, self.version)
+        """Open a stream for an actor id (known or new), directly or through relay ``via``. Its batches
+        carry priorities when the learner asks actors for them, the algorithm's policy gives them, and the
+        stream takes state dicts (an ONNX model returns actions only)."""
+        priorities = (self.config.actor_priorities and self.gives_priorities and not hello.relay
+                      and hello.policy_format != ONNX_FORMAT)
+        return self.registry.connect(hello, via, self.version, priorities)
 
     def disconnect(self, session: ActorSession) -> None:
         self.registry.disconnect(session)
@@ -218,7 +223,7 @@ class Learner:
         c = self.config
         settings = pb.Settings(
             batch_size=c.actor_batch_size, max_unacked=c.max_unacked, codec=int(wire.Codec.parse(c.codec)),
-            actor_priorities=c.actor_priorities, num_actors=max(c.num_actors, 1), actor_index=session.record.index,
+            actor_priorities=session.priorities, num_actors=max(c.num_actors, 1), actor_index=session.record.index,
             max_message_bytes=c.max_message_bytes, algorithm=c.algorithm,
             algorithm_config=config_json(self.algorithm_config))
         self.roles.welcome(settings)

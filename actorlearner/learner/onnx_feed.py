@@ -38,6 +38,7 @@ class OnnxFeed:
         self._replaceable = False
         self._streams = 0
         self._stopped = False
+        self._failed = -1  # the newest version whose export failed
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         source.listen(self._wake)
@@ -50,6 +51,14 @@ class OnnxFeed:
                 self._thread = threading.Thread(target=self._run, name="onnx-feed", daemon=True)
                 self._thread.start()
             self._changed.notify_all()
+
+    def wait_current(self, timeout: float) -> None:
+        """Wait, up to ``timeout`` s, until the model of the source's version now is out (or its export
+        failed), so that a new stream's Welcome names a version whose model follows it at once."""
+        target = self.source.version
+        with self._changed:
+            self._changed.wait_for(lambda: self._stopped or max(self.broadcast.version, self._failed) >= target,
+                                   timeout)
 
     def unsubscribe(self) -> None:
         with self._changed:
@@ -81,7 +90,11 @@ class OnnxFeed:
                 logger.exception("exporting policy version %d as ONNX failed; ONNX actors keep the previous one",
                                  version)
                 with self._changed:
+                    self._failed = version
+                    self._changed.notify_all()
                     self._changed.wait_for(lambda: self._stopped or self.source.version > version)
+                continue
+            self._wake()
 
     def _model(self, payload: bytes) -> bytes:
         """The ONNX model of a serialized state dict."""

@@ -45,6 +45,7 @@ class ActorSession:
 
     record: ActorRecord
     hello_version: int  # the policy version the actor held when it opened the stream
+    priorities: bool = False  # its Welcome said actor_priorities: every batch must carry them
     ended: threading.Event = field(default_factory=threading.Event)  # set when the session is over
     duplicates: int = 0  # batches acked as duplicates in this session
 
@@ -64,9 +65,10 @@ class ActorRegistry:
         self.seq_table: dict[str, int] = {}
         self._last_forget = 0.0
 
-    def connect(self, hello: pb.Hello, via: str, version: int) -> ActorSession:
+    def connect(self, hello: pb.Hello, via: str, version: int, priorities: bool) -> ActorSession:
         """Open a stream for an actor id (known or new), directly or through relay ``via``, while the
-        learner's version is ``version``; while connected an actor (not a relay) holds a distinct Ape-X index."""
+        learner's version is ``version``; while connected an actor (not a relay) holds a distinct Ape-X index.
+        ``priorities``: whether the session's batches must carry their priorities."""
         self.forget_departed()
         with self.lock:
             record = self.actors.get(hello.actor_id)
@@ -78,7 +80,7 @@ class ActorRegistry:
             record.sessions += 1
             record.last_seen = time.time()
             record.policy_version = min(hello.policy_version, version)
-            return ActorSession(record, hello.policy_version)
+            return ActorSession(record, hello.policy_version, priorities)
 
     def disconnect(self, session: ActorSession) -> None:
         session.ended.set()

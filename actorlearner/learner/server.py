@@ -25,9 +25,15 @@ from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_SECONDS = 5.0
-"""How long a draining learner waits, after sending Shutdown, for the actor to end the stream. gRPC's
-Python client drops messages it has not read when the stream's status arrives: without the wait,
-a Python actor could miss the Shutdown."""
+"""How long a draining learner waits, after sending Shutdown, for the actor to half-close or cancel the
+stream before it ends it with OK. gRPC's Python client drops messages it has not read when the stream's
+status arrives: without the wait, a Python actor could miss the Shutdown."""
+
+ONNX_WELCOME_WAIT_SECONDS = 120.0
+"""Longest an ONNX stream's Welcome waits for the model of the current version (its first export takes seconds)."""
+
+SERVER_STOP_GRACE_SECONDS = SHUTDOWN_GRACE_SECONDS + 3.0
+"""The server's grace on stop: past the Shutdown wait, so that every stream ends with OK, not cancelled."""
 
 
 class LockedSend:
@@ -57,6 +63,7 @@ class LearnerServedStream(ServedStream):
         self.refused: set[str] = set()  # a relay's actors refused since they last joined; under cond
         self.league_revision = 0  # the league's revision last sent (self-play)
         self.snapshots_sent: set[str] = set()  # league snapshots whose weights went out on this stream
+        self.input_ended = False  # the actor half-closed: it sends nothing more; under cond
 
     def sent(self, version: int) -> None:
         """``version`` goes out next; a relay's status shows it as the version the relay holds."""
@@ -110,6 +117,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         stream.broadcast.listen(stream.wake)
         if onnx:
             self.learner.onnx_feed.subscribe()
+            self.learner.onnx_feed.wait_current(ONNX_WELCOME_WAIT_SECONDS)
         if stream.relay:
             logger.info("relay %s connected", stream.actor_id)
         else:
@@ -176,6 +184,9 @@ class LearnerService(pb_grpc.LearnerServicer):
                     raise wire.WireError("Leave is only for a relay's stream")
                 else:
                     raise wire.WireError("empty ActorMessage")
+            with stream.cond:
+                stream.input_ended = True
+                stream.cond.notify_all()
         except IngestAborted as exc:  # not the actor's doing: a draining learner sends Shutdown next
             logger.info("actor %s: a batch was not stored (%s); the actor resends it", actor_id, exc)
         except wire.WireError as exc:
@@ -297,7 +308,7 @@ class LearnerService(pb_grpc.LearnerServicer):
             if stopping.is_set():
                 yield pb.LearnerMessage(shutdown=pb.Shutdown(reason="learner is shutting down"))
                 with stream.cond:
-                    stream.cond.wait_for(lambda: stream.closed, SHUTDOWN_GRACE_SECONDS)
+                    stream.cond.wait_for(lambda: stream.closed or stream.input_ended, SHUTDOWN_GRACE_SECONDS)
                 return
             if learner.settings_version > stream.settings_version:
                 stream.settings_version = learner.settings_version
@@ -332,4 +343,4 @@ def serve(learner: Learner, host: str, port: int, max_streams: int | None = None
         yield bound
     finally:
         learner.stopping.set()
-        server.stop(grace=2.0).wait()
+        server.stop(grace=SERVER_STOP_GRACE_SECONDS).wait()

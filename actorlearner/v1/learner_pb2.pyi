@@ -8,6 +8,11 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Protocol(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROTOCOL_UNSPECIFIED: _ClassVar[Protocol]
+    PROTOCOL_VERSION: _ClassVar[Protocol]
+
 class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CODEC_UNSPECIFIED: _ClassVar[Codec]
@@ -20,6 +25,8 @@ class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OUTCOME_WIN: _ClassVar[Outcome]
     OUTCOME_DRAW: _ClassVar[Outcome]
     OUTCOME_LOSS: _ClassVar[Outcome]
+PROTOCOL_UNSPECIFIED: Protocol
+PROTOCOL_VERSION: Protocol
 CODEC_UNSPECIFIED: Codec
 CODEC_MSGPACK: Codec
 CODEC_MSGPACK_ZLIB: Codec

@@ -7,11 +7,12 @@ policy weights and their chunks in :mod:`.weights`; callers use them as ``wire.X
 from actorlearner.wire.arrays import (DEFAULT_MAX_BYTES, DTYPES, MAX_RANK, TORCH_DTYPES, Spec, WireError,
                                       decode_array, encode_array, np_dtype)
 from actorlearner.wire.batches import FRAMES, Codec, decode_batch, decode_priorities, encode_batch, encode_batch_message
+from actorlearner.v1 import learner_pb2
 from actorlearner.wire.weights import (ChunkAssembler, decode_state_dict, encode_state_dict, split_chunks,
                                        state_dict_spec)
 
-PROTOCOL_VERSION = 1
-"""Version of the actor <-> learner protocol (``Hello.protocol_version``)."""
+PROTOCOL_VERSION: int = learner_pb2.PROTOCOL_VERSION
+"""Version of the actor <-> learner protocol (``Hello.protocol_version``): the proto's ``Protocol`` enum holds it."""
 
 __all__ = ["DEFAULT_MAX_BYTES", "DTYPES", "FRAMES", "MAX_RANK", "PROTOCOL_VERSION", "TORCH_DTYPES", "ChunkAssembler", "Codec",
            "Spec", "WireError", "decode_array", "decode_batch", "decode_priorities", "decode_state_dict",
