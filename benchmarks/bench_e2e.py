@@ -43,6 +43,8 @@ HERE = Path(__file__).resolve().parent
 PRESETS = {"cartpole": ("CartPole-v1", 0), "minatar": ("bench_minatar:breakout", 0), "atari": ("ALE/Breakout-v5", 4)}
 """Preset name -> (env name as the CLI takes it, frames stacked; 0: none)."""
 MODES = ("streaming", "training")
+LOOPS = ("project", "plain")
+"""The one-process loops: the project's (`make_vector_env` + `Policy.act`) and a plain one (gymnasium, torch, numpy)."""
 
 
 def subprocess_env() -> dict[str, str]:
@@ -79,9 +81,10 @@ def tail(path: Path, chars: int = 2000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
 
-def ours(preset: str, actors: int, num_envs: int, vector_mode: str, mode: str,
-         warmup: float, seconds: float) -> tuple[float, dict[str, float]]:
-    """Env steps/s of a learner and ``actors`` actor processes, and the actors' mean profile (us per env step)."""
+def ours(preset: str, actors: int, num_envs: int, vector_mode: str | None, mode: str,
+         warmup: float, seconds: float) -> tuple[float, dict[str, float], str]:
+    """Env steps/s of a learner and ``actors`` actor processes, the actors' mean profile (us per env step) and
+    the vector mode the first actor ran (as its log says; ``vector_mode`` None: the actor's default)."""
     env, frame_stack = PRESETS[preset]
     common = ["--env", env, "--frame-stack", str(frame_stack)]
     no_training = ["--min-replay-size", str(10**12)] if mode == "streaming" else []  # sampling never allowed
@@ -98,7 +101,8 @@ def ours(preset: str, actors: int, num_envs: int, vector_mode: str, mode: str,
             for i in range(actors):
                 actor_procs.append(spawn(
                     ["actor", "--learner", f"127.0.0.1:{port}", *common, "--num-envs", str(num_envs),
-                     "--vector-mode", vector_mode, "--seed", str(i), "--actor-id", f"actor-{i}",
+                     *(["--vector-mode", vector_mode] if vector_mode else []), "--seed", str(i),
+                     "--actor-id", f"actor-{i}",
                      "--profile-file", str(tmp / f"actor-{i}.json")], tmp / f"actor-{i}.log"))
             time.sleep(warmup)
             start_steps, start = env_steps(port), time.monotonic()
@@ -107,7 +111,13 @@ def ours(preset: str, actors: int, num_envs: int, vector_mode: str, mode: str,
         finally:
             stop(actor_procs)  # first, while the learner still acks their last batches
             stop([learner])
-        return rate, mean_profile([tmp / f"actor-{i}.json" for i in range(actors)], tmp)
+        return rate, mean_profile([tmp / f"actor-{i}.json" for i in range(actors)], tmp), ran_mode(tmp / "actor-0.log")
+
+
+def ran_mode(log_path: Path) -> str:
+    """The vector mode an actor's log says it ran ("?" when it says none)."""
+    match = re.search(r"vector mode (\w+(?: \(auto\))?)", tail(log_path, 10**6))
+    return match.group(1) if match else "?"
 
 
 def mean_profile(paths: list[Path], logs: Path) -> dict[str, float]:
@@ -120,11 +130,12 @@ def mean_profile(paths: list[Path], logs: Path) -> dict[str, float]:
     return {key: statistics.fmean(p.get(key, 0.0) for p in profiles) for key in sections}
 
 
-def loops(preset: str, k: int, num_envs: int, vector_mode: str, warmup: float, seconds: float) -> float:
-    """Env steps/s of ``k`` one-process loops run side by side over the same window, summed."""
+def loops(kind: str, preset: str, k: int, num_envs: int, warmup: float, seconds: float) -> float:
+    """Env steps/s of ``k`` one-process loops of ``kind`` (project or plain) run side by side over the same
+    window, summed."""
     start_at = time.time() + warmup  # wall clock: shared by the processes
-    procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--loop", preset, str(num_envs),
-                               vector_mode, str(seconds), "--start-at", str(start_at), "--seed", str(i)],
+    procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--loop", kind, preset, str(num_envs),
+                               str(seconds), "--start-at", str(start_at), "--seed", str(i)],
                               stdout=subprocess.PIPE, text=True, env=subprocess_env()) for i in range(k)]
     try:
         outputs = [proc.communicate(timeout=warmup + seconds + 300)[0] for proc in procs]
@@ -135,29 +146,84 @@ def loops(preset: str, k: int, num_envs: int, vector_mode: str, warmup: float, s
     return sum(json.loads(out.strip().splitlines()[-1])["steps_per_s"] for out in outputs)
 
 
-def loop(preset: str, num_envs: int, vector_mode: str, seconds: float, start_at: float, seed: int) -> float:
-    """The one-process loop: step the vector env with the DQN policy (epsilon 0.1) until ``start_at``
-    (wall clock), then count env steps/s over ``seconds``."""
+def loop(kind: str, preset: str, num_envs: int, seconds: float, start_at: float, seed: int) -> float:
+    """A one-process loop (``kind``: project or plain) stepping ``num_envs`` envs with a DQN network acting
+    epsilon-greedily (0.1) until ``start_at`` (wall clock), then its env steps/s over ``seconds``."""
     import torch
 
-    from actorlearner.algorithms import make_spec
-    from actorlearner.envs import make_vector_env
-
     torch.set_num_threads(1)
-    env, frame_stack = PRESETS[preset]
-    envs = make_vector_env(env, num_envs, vector_mode, frame_stack=frame_stack)
+    envs, act = project_loop(preset, num_envs) if kind == "project" else plain_loop(preset, num_envs, seed)
     try:
-        policy = make_spec("dqn", envs.single_observation_space, envs.single_action_space).make_policy()
         obs, _ = envs.reset(seed=seed)
         while time.time() < start_at:
-            obs, *_ = envs.step(policy.act(obs, 0.1))
+            obs, *_ = envs.step(act(obs))
         steps, start = 0, time.monotonic()
         while time.monotonic() - start < seconds:
-            obs, *_ = envs.step(policy.act(obs, 0.1))
+            obs, *_ = envs.step(act(obs))
             steps += num_envs
         return steps / (time.monotonic() - start)
     finally:
         envs.close()
+
+
+def project_loop(preset: str, num_envs: int):
+    """The project's loop: its `make_vector_env` (sync) and its DQN policy's `act`."""
+    from actorlearner.algorithms import make_spec
+    from actorlearner.envs import make_vector_env
+
+    env, frame_stack = PRESETS[preset]
+    envs = make_vector_env(env, num_envs, "sync", frame_stack=frame_stack)
+    policy = make_spec("dqn", envs.single_observation_space, envs.single_action_space).make_policy()
+    return envs, lambda obs: policy.act(obs, 0.1)
+
+
+def plain_loop(preset: str, num_envs: int, seed: int):
+    """The plain loop, gymnasium, torch and numpy only: ``gymnasium.make_vec(..., "sync")`` and a dueling
+    network of the project's default DQN shape (a conv torso for images, then 128x128), greedy under
+    ``no_grad``, each env's action random with probability 0.1."""
+    import gymnasium as gym
+    import numpy as np
+    import torch
+    from torch import nn
+
+    if preset == "minatar":  # bench_minatar:breakout's game: the paper's 6 actions (v0, deprecated, on purpose)
+        import warnings
+
+        import minatar.gym
+        minatar.gym.register_envs()
+        warnings.simplefilter("ignore", DeprecationWarning)
+        envs = gym.make_vec("MinAtar/Breakout-v0", num_envs, vectorization_mode="sync")
+    elif preset == "atari":
+        import ale_py
+        gym.register_envs(ale_py)
+        wrappers = [lambda e: gym.wrappers.AtariPreprocessing(e, frame_skip=4, screen_size=84),
+                    lambda e: gym.wrappers.TransformReward(e, lambda r: float(np.sign(r))),
+                    lambda e: gym.wrappers.FrameStackObservation(e, 4, padding_type="reset")]
+        envs = gym.make_vec("ALE/Breakout-v5", num_envs, vectorization_mode="sync", wrappers=wrappers, frameskip=1)
+    else:
+        envs = gym.make_vec("CartPole-v1", num_envs, vectorization_mode="sync")
+    shape, actions = envs.single_observation_space.shape, int(envs.single_action_space.n)
+    if len(shape) == 1:
+        torso, width, to_input = nn.Identity(), shape[0], lambda x: x.float()
+    elif preset == "minatar":  # [H, W, C] bools
+        torso = nn.Sequential(nn.Conv2d(shape[2], 16, 3), nn.ReLU(), nn.Flatten())
+        width = 16 * (shape[0] - 2) * (shape[1] - 2)
+        to_input = lambda x: x.float().permute(0, 3, 1, 2)  # noqa: E731
+    else:  # [4, 84, 84] uint8 frames
+        torso = nn.Sequential(nn.Conv2d(shape[0], 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2),
+                              nn.ReLU(), nn.Conv2d(64, 64, 3), nn.ReLU(), nn.Flatten())
+        width, to_input = 64 * 7 * 7, lambda x: x.float() / 255  # noqa: E731
+    mlp = nn.Sequential(torso, nn.Linear(width, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU())
+    advantage, value = nn.Linear(128, actions), nn.Linear(128, 1)
+    rng = np.random.default_rng(seed)
+
+    @torch.no_grad()
+    def act(obs):
+        h = mlp(to_input(torch.as_tensor(obs)))
+        a = advantage(h)
+        greedy = (value(h) + a - a.mean(1, keepdim=True)).argmax(1).numpy()
+        return np.where(rng.random(num_envs) < 0.1, rng.integers(0, actions, num_envs), greedy)
+    return envs, act
 
 
 def measure(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
@@ -166,31 +232,40 @@ def measure(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
             for mode in args.modes]
     ours_runs: dict[tuple, list[float]] = {key: [] for key in keys}
     profile_runs: dict[tuple, list[dict[str, float]]] = {key: [] for key in keys}
-    loop_runs: dict[tuple, list[float]] = {}
+    ran: dict[tuple, set[str]] = {key: set() for key in keys}
+    loop_runs: dict[tuple, list[float]] = {}  # (kind, preset, n, k) -> summed steps/s per run
     for run in range(1, args.runs + 1):
         for preset in args.envs:
             for n in args.num_envs:
                 for k in sorted({1, *args.actors}):
-                    rate = loops(preset, k, n, "sync", args.warmup, args.seconds)
-                    loop_runs.setdefault((preset, n, k), []).append(rate)
-                    log(f"run {run}/{args.runs} {preset} num_envs {n}: {k} loop(s) side by side {rate:,.0f} steps/s")
+                    for kind in LOOPS:
+                        rate = loops(kind, preset, k, n, args.warmup, args.seconds)
+                        loop_runs.setdefault((kind, preset, n, k), []).append(rate)
+                        log(f"run {run}/{args.runs} {preset} num_envs {n}: {k} {kind} loop(s) side by side "
+                            f"{rate:,.0f} steps/s")
                 for k in args.actors:
                     for mode in args.modes:
-                        rate, profile = ours(preset, k, n, args.vector_mode, mode, args.warmup, args.seconds)
+                        rate, profile, vector_mode = ours(preset, k, n, args.vector_mode, mode, args.warmup,
+                                                          args.seconds)
                         ours_runs[preset, n, k, mode].append(rate)
                         profile_runs[preset, n, k, mode].append(profile)
-                        log(f"run {run}/{args.runs} {preset} num_envs {n}: {k} actor(s) {mode} {rate:,.0f} steps/s, "
+                        ran[preset, n, k, mode].add(vector_mode)
+                        log(f"run {run}/{args.runs} {preset} num_envs {n}: {k} actor(s) {mode}, vector mode "
+                            f"{vector_mode}: {rate:,.0f} steps/s, "
                             f"profile total {profile.get('total', 0.0):.1f} us/step")
     rows, profiles = [], []
     for preset, n, k, mode in keys:
-        o, one, side = (statistics.median(r) for r in
-                        (ours_runs[preset, n, k, mode], loop_runs[preset, n, 1], loop_runs[preset, n, k]))
-        head = {"env": preset, "num_envs": n, "actors": k, "mode": mode}
-        rows.append({**head, "steps_s": round(o), "one_loop_steps_s": round(one), "k_loops_steps_s": round(side),
+        o = statistics.median(ours_runs[preset, n, k, mode])
+        median = {(kind, j): statistics.median(loop_runs[kind, preset, n, j]) for kind in LOOPS for j in {1, k}}
+        one, side = (max(median[kind, j] for kind in LOOPS) for j in (1, k))  # the faster loop
+        head = {"env": preset, "num_envs": n, "actors": k, "mode": mode,
+                "vector_mode": ", ".join(sorted(ran[preset, n, k, mode]))}
+        rows.append({**head, "steps_s": round(o), **{f"{kind}_loop_steps_s": round(median[kind, 1]) for kind in LOOPS},
+                     "one_loop_steps_s": round(one), "k_loops_steps_s": round(side),
                      "ratio_one_loop": round(o / one, 3), "ratio_k_loops": round(o / side, 3),
                      "runs": {"steps_s": [round(r) for r in ours_runs[preset, n, k, mode]],
-                              "one_loop_steps_s": [round(r) for r in loop_runs[preset, n, 1]],
-                              "k_loops_steps_s": [round(r) for r in loop_runs[preset, n, k]]}})
+                              **{f"{kind}_loops_steps_s": {j: [round(r) for r in loop_runs[kind, preset, n, j]]
+                                                           for j in sorted({1, k})} for kind in LOOPS}}})
         runs = profile_runs[preset, n, k, mode]
         sections = dict.fromkeys(s for p in runs for s in p)
         profiles.append({**head, "us_per_step": {s: round(statistics.median(p[s] for p in runs if s in p), 2)
@@ -203,15 +278,15 @@ def log(line: str) -> None:
 
 
 def print_tables(args: argparse.Namespace, rows: list[dict], profiles: list[dict]) -> None:
-    print(f"Env steps/s, median of {args.runs} run(s); vector mode {args.vector_mode}; "
-          f"warm-up {args.warmup:g} s, measured {args.seconds:g} s\n")
-    print("| env | envs/actor | actors | mode | ours: env steps/s | one loop | K loops side by side "
-          "| ours / one loop | ours / K loops |")
-    print("|---|---:|---:|---|---:|---:|---:|---:|---:|")
+    print(f"Env steps/s, median of {args.runs} run(s); vector mode {args.vector_mode or 'the default'}; "
+          f"warm-up {args.warmup:g} s, measured {args.seconds:g} s; one loop and K loops: the faster kind\n")
+    print("| env | envs/actor | actors | mode | vector mode | ours: env steps/s | project loop | plain loop "
+          "| K loops side by side | ours / one loop | ours / K loops |")
+    print("|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['env']} | {r['num_envs']} | {r['actors']} | {r['mode']} | {r['steps_s']:,} "
-              f"| {r['one_loop_steps_s']:,} | {r['k_loops_steps_s']:,} | {r['ratio_one_loop']:.2f}x "
-              f"| {r['ratio_k_loops']:.2f}x |")
+        print(f"| {r['env']} | {r['num_envs']} | {r['actors']} | {r['mode']} | {r['vector_mode']} | {r['steps_s']:,} "
+              f"| {r['project_loop_steps_s']:,} | {r['plain_loop_steps_s']:,} | {r['k_loops_steps_s']:,} "
+              f"| {r['ratio_one_loop']:.2f}x | {r['ratio_k_loops']:.2f}x |")
     sections = list(dict.fromkeys(s for p in profiles for s in p["us_per_step"]))
     print("\nActor profile: microseconds per env step by section (whole life, warm-up included), "
           "mean over actors, median over runs\n")
@@ -247,24 +322,24 @@ def main() -> None:
     parser.add_argument("--num-envs", type=comma_list(int), default="4,64", help="comma list: envs per actor process")
     parser.add_argument("--actors", type=comma_list(int), default=default_actors(),
                         help="comma list of actor counts (default: 1, 2, 4, ... up to the CPU count)")
-    parser.add_argument("--vector-mode", choices=("sync", "async", "workers", "ahead"), default="sync",
-                        help="vector env of the actors (the loops are always one process: sync)")
+    parser.add_argument("--vector-mode", choices=("auto", "sync", "async", "workers", "ahead"),
+                        help="vector env of the actors (default: the actor's own, auto; the loops are one process)")
     parser.add_argument("--modes", type=comma_list(str, MODES), default="streaming",
                         help="comma list: streaming (training never starts), training")
     parser.add_argument("--runs", type=int, default=3, help="runs per measurement; the median is reported")
     parser.add_argument("--warmup", type=float, default=15.0, help="seconds before measuring (startup, replay fill)")
     parser.add_argument("--seconds", type=float, default=15.0, help="measured seconds per run")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    parser.add_argument("--loop", nargs=4, metavar=("ENV", "NUM_ENVS", "MODE", "SECONDS"),
-                        help="internal: run one baseline loop (env preset, envs, vector mode, seconds) and "
+    parser.add_argument("--loop", nargs=4, metavar=("KIND", "ENV", "NUM_ENVS", "SECONDS"),
+                        help="internal: run one baseline loop (project or plain, env preset, envs, seconds) and "
                              "print its steps/s as JSON")
     parser.add_argument("--start-at", type=float, default=0.0, help="internal (--loop): wall-clock start of the window")
     parser.add_argument("--seed", type=int, default=0, help="internal (--loop): env seed")
     args = parser.parse_args()
 
     if args.loop:
-        preset, num_envs, vector_mode, seconds = args.loop
-        rate = loop(preset, int(num_envs), vector_mode, float(seconds), args.start_at, args.seed)
+        kind, preset, num_envs, seconds = args.loop
+        rate = loop(kind, preset, int(num_envs), float(seconds), args.start_at, args.seed)
         print(json.dumps({"steps_per_s": rate}))
         return
     rows, profiles = measure(args)

@@ -81,6 +81,7 @@ class ApeXPolicy(Policy):
         self.branches = spec.branches
         self.online = seeded(seed, spec.make_network).to(self.device)
         self._rng = np.random.default_rng(seed)
+        self._sizes = np.asarray(self.branches.sizes)
 
     def exploration(self, actor_index: int, num_actors: int) -> float:
         """Actor i's Ape-X epsilon."""
@@ -92,11 +93,13 @@ class ApeXPolicy(Policy):
         """Env actions from greedy branch indices [E, D]: each row all random with probability ``exploration``
         (uniform over the actions ``legal`` [E, N] marks 1, when the observation masks actions)."""
         n = greedy.shape[0]
-        explore = self._rng.random(n) < np.broadcast_to(np.asarray(exploration, dtype=np.float64), (n,))
+        if type(exploration) is not float:  # an actor's is a float: the comparison below broadcasts it
+            exploration = np.broadcast_to(np.asarray(exploration, dtype=np.float64), (n,))
+        explore = self._rng.random(n) < exploration
         if legal is not None:
             random_actions = (self._rng.random(legal.shape) * (legal.cpu().numpy() >= 0.5)).argmax(-1)[:, None]
         else:
-            random_actions = (self._rng.random(greedy.shape) * np.asarray(self.branches.sizes)).astype(np.int64)
+            random_actions = (self._rng.random(greedy.shape) * self._sizes).astype(np.int64)
         return self.branches.from_indices(np.where(explore[:, None], random_actions, greedy))
 
     def export_policy(self) -> nn.Module:

@@ -141,7 +141,7 @@ class DQNPolicy(ApeXPolicy):
         """Epsilon-greedy actions (all branches random together) in the env's action values."""
         return self.act_values(obs, exploration)[0]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def act_values(self, obs: Any, exploration: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
         """`act`'s actions and the Q values [E, D, N] they were chosen on (for `ApeXNStepAssembler`)."""
         leaves = {key: torch.as_tensor(array, device=self.device) for key, array in self._split(obs).items()}

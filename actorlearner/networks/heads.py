@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.nn.functional as F
 from gymnasium import spaces
 from torch import Tensor, nn
 
@@ -50,8 +51,14 @@ class ActionBranches:
         """Branch indices ``[B, D]`` -> actions ``[B, *shape]`` in the space's dtype (starts added)."""
         if isinstance(indices, Tensor):
             indices = indices.detach().cpu().numpy()
-        actions = np.asarray(indices, dtype=np.int64) + np.asarray(self.starts, dtype=np.int64)
-        return actions.astype(self.dtype).reshape(len(actions), *self.shape)
+        actions = np.asarray(indices, dtype=np.int64) + self._host_starts()  # a new array, in any case
+        return actions.astype(self.dtype, copy=False).reshape(len(actions), *self.shape)
+
+    def _host_starts(self) -> np.ndarray:
+        starts = self.__dict__.get("_starts_array")
+        if starts is None:
+            starts = self.__dict__["_starts_array"] = np.asarray(self.starts, dtype=np.int64)
+        return starts
 
 
 def action_branches(space: gym.Space) -> ActionBranches:
@@ -95,12 +102,13 @@ class BranchingDuelingHead(nn.Module):
         self.register_buffer("size_of_branch", torch.tensor(sizes, dtype=torch.float32), persistent=False)
 
     def forward(self, h: Tensor) -> Tensor:
-        q = self.advantages(h)
+        q = F.linear(h, self.advantages.weight, self.advantages.bias)  # as a function: see `run_layers`
+        value = None if self.value is None else F.linear(h, self.value.weight, self.value.bias)
         if len(self.sizes) == 1:  # one branch (Discrete): nothing to pad, a third of the ops
-            return (self.value(h) + q - q.mean(1, keepdim=True) if self.value is not None else q).unsqueeze(1)
-        if self.value is not None:
+            return (value + q - q.mean(1, keepdim=True) if value is not None else q).unsqueeze(1)
+        if value is not None:
             sums = torch.zeros(h.shape[0], len(self.sizes), dtype=q.dtype, device=q.device).index_add(1, self.branch, q)
-            q = self.value(h) + q - (sums / self.size_of_branch)[:, self.branch]
+            q = value + q - (sums / self.size_of_branch)[:, self.branch]
         padded = torch.full((h.shape[0], len(self.sizes) * self.n_max), float("-inf"), dtype=q.dtype, device=q.device)
         return padded.index_copy(1, self.padded_index, q).view(h.shape[0], len(self.sizes), self.n_max)
 
