@@ -215,6 +215,34 @@ def test_after_reset_every_transition_pushed_out_is_valued_as_the_policy_values_
                                        err_msg=f"push {t}")
 
 
+ACTING_SPACES = {
+    "box": (spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Discrete(4)),
+    "image and discrete": (spaces.Dict({"frame": spaces.Box(0, 255, (10, 10, 2), np.uint8), "n": spaces.Discrete(3)}),
+                           spaces.Discrete(5, start=-2)),
+    "masked": (spaces.Dict({"obs": spaces.Box(-1.0, 1.0, (2,), np.float32), "action_mask": spaces.MultiBinary(3)}),
+               spaces.Discrete(3)),
+    "branches": (spaces.Box(-1.0, 1.0, (2, 2), np.float32), spaces.MultiDiscrete([3, 2], start=[-1, 0])),
+}
+
+
+@pytest.mark.parametrize("name", ACTING_SPACES)
+def test_the_acting_function_computes_exactly_the_networks_forward_and_follows_loaded_weights(name):
+    observation_space, action_space = ACTING_SPACES[name]
+    observation_space.seed(0)
+    spec = make_spec("dqn", observation_space, action_space, {"hidden_sizes": [16, 8]})
+    policy, other = spec.make_policy(seed=1), spec.make_policy(seed=2)
+    obs = policy._split(gym.vector.utils.concatenate(
+        observation_space, [observation_space.sample() for _ in range(5)],
+        gym.vector.utils.create_empty_array(observation_space, 5)))
+    leaves = {key: torch.as_tensor(array) for key, array in obs.items()}
+    with torch.no_grad():
+        before = policy.online(leaves)
+        assert torch.equal(policy.online.function()(leaves), before) and torch.equal(policy._q(leaves), before)
+        policy.load_policy_state_dict(other.policy_state_dict())  # the function bound earlier follows it
+        after = policy.online(leaves)
+        assert torch.equal(policy._q(leaves), after) and not torch.equal(after, before)
+
+
 def test_a_later_num_envs_flag_wins():
     """start_actor passes --num-envs 2 before the test's own flags: the actor's parser keeps the last."""
     parser = argparse.ArgumentParser()

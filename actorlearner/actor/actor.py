@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -20,7 +21,7 @@ from actorlearner.actor.frames import FrameIds, FramePending
 from actorlearner.actor.link import AppliedWelcome, LearnerLink, SettingsError, policy_key
 from actorlearner.actor.profile import StepProfile
 from actorlearner.actor.ahead import AHEAD_MODE, Ahead, LoopProcess
-from actorlearner.actor.stepping import has_memory, stepper
+from actorlearner.actor.stepping import Lockstep, has_memory, stepper
 from actorlearner.algorithms import PRIORITY, AlgorithmSpec, Policy, TransitionAssembler, make_spec
 from actorlearner.config import ActorConfig
 from actorlearner.envs import make_env, make_vector_env
@@ -34,6 +35,10 @@ from actorlearner.telemetry import RateMeter
 from actorlearner.v1 import learner_pb2 as pb
 
 logger = logging.getLogger(__name__)
+
+AUTO_MODE = "auto"
+"""The default ``--vector-mode``: ahead for a policy without memory and no self-play, sync otherwise."""
+VECTOR_MODE_CHOICES = (AUTO_MODE, *VECTOR_MODES, AHEAD_MODE)
 
 
 class Actor:
@@ -68,15 +73,13 @@ class Actor:
         self._games: list[Game] = []  # self-play games ended since the last batch
         self._opponents: set[str] = set()  # opponents of the games under way at the last batch or drawn since
         self._slots = itertools.count()
-        if config.vector_mode not in (*VECTOR_MODES, AHEAD_MODE):
-            raise ValueError(f"vector mode must be one of {', '.join((*VECTOR_MODES, AHEAD_MODE))}, "
-                             f"got {config.vector_mode!r}")
-        if config.vector_mode == AHEAD_MODE:  # self-play was refused above: its opponents play in this process
-            self.envs = LoopProcess(env_factories(config.env, config.num_envs, config.security,
-                                                  frame_stack=config.frame_stack), config.torch_threads)
-        else:
-            self.envs = make_vector_env(config.env, config.num_envs, config.vector_mode, config.security,
-                                        wrap=self._seat if self.agents else None, frame_stack=config.frame_stack)
+        if config.vector_mode not in VECTOR_MODE_CHOICES:
+            raise ValueError(f"vector mode must be one of {', '.join(VECTOR_MODE_CHOICES)}, got {config.vector_mode!r}")
+        # auto starts ahead (sync for self-play: opponents play here); a Welcome's policy may switch it
+        self.vector_mode = config.vector_mode
+        if self.vector_mode == AUTO_MODE:
+            self.vector_mode = "sync" if self.agents else AHEAD_MODE
+        self.envs = self._vector_env(self.vector_mode)
         obs_space, act_space = self.envs.single_observation_space, self.envs.single_action_space
         self.obs_space, self.act_space = obs_space, act_space
         hello = pb.Hello(actor_id=self.actor_id, protocol_version=wire.PROTOCOL_VERSION,
@@ -99,8 +102,7 @@ class Actor:
         self.env_steps = 0
         self.steps_meter = RateMeter()
         self.profile = StepProfile()
-        self.stepper = Ahead(self.envs, self.profile, config.seed) if isinstance(self.envs, LoopProcess) \
-            else stepper(self.envs, self.profile)
+        self.stepper = self._stepper()
         self.episodes = EpisodeTally(config.num_envs)
         self.batches_sent = 0
         self.stop_event = threading.Event()
@@ -112,11 +114,35 @@ class Actor:
         try:
             if not is_multi_agent(env):
                 return [], None
-            if config.vector_mode != "sync":
-                raise ValueError("self-play needs vector_mode sync: the opponents play in the actor's process")
+            if config.vector_mode not in ("sync", AUTO_MODE):
+                raise ValueError("self-play needs vector_mode sync or auto: the opponents play in the actor's process")
             return list(env.possible_agents), OpponentPool(*shared_spaces(env), config.seed)
         finally:
             env.close()
+
+    def _vector_env(self, mode: str) -> gym.vector.VectorEnv | LoopProcess:
+        """The envs stepped in vector mode ``mode`` (not auto)."""
+        config = self.config
+        if mode == AHEAD_MODE:  # never with self-play: its opponents play in this process
+            return LoopProcess(env_factories(config.env, config.num_envs, config.security,
+                                             frame_stack=config.frame_stack), config.torch_threads)
+        return make_vector_env(config.env, config.num_envs, mode, config.security,
+                               wrap=self._seat if self.agents else None, frame_stack=config.frame_stack)
+
+    def _stepper(self) -> Lockstep | Ahead:
+        return Ahead(self.envs, self.profile, self.config.seed) if isinstance(self.envs, LoopProcess) \
+            else stepper(self.envs, self.profile)
+
+    def _switch_vector_mode(self, policy: Policy) -> bool:
+        """With vector mode auto, replace the envs if ``policy`` needs another mode than they run (ahead
+        without memory, sync with it); whether they were replaced (their episodes dropped)."""
+        mode = "sync" if self.agents or has_memory(policy) else AHEAD_MODE
+        if self.config.vector_mode != AUTO_MODE or mode == self.vector_mode:
+            return False
+        self.envs.close()
+        self.vector_mode, self.envs = mode, self._vector_env(mode)
+        self.stepper = self._stepper()
+        return True
 
     def _seat(self, env) -> SeatEnv:
         """A multi-agent env as one learning seat (rotating), its opponents drawn from the league."""
@@ -224,7 +250,8 @@ class Actor:
             self._collect(self.assembler.flush())
             self._send_batches(previous.settings, everything=True)
         new_network = previous is None or policy_key(settings) != policy_key(previous.settings)
-        restarted = new_network and self.stepper.in_flight  # actions of the old network are under way
+        switched = new_network and self._switch_vector_mode(session.policy)
+        restarted = new_network and (switched or self.stepper.in_flight)  # actions of the old network under way
         if restarted:  # their steps are dropped with the episodes under way: the envs start anew
             self.stepper.restart()
             self.episodes = EpisodeTally(self.config.num_envs)
@@ -252,11 +279,12 @@ class Actor:
             *(f.name for f in pb.Settings.DESCRIPTOR.fields
               if getattr(settings, f.name) != getattr(previous.settings, f.name))]
         logger.info("applied settings from learner %s: batch_size=%d max_unacked=%d codec=%s actor_priorities=%s "
-                    "exploration=%.6g (actor %d of %d); changed: %s; %s network %s",
+                    "exploration=%.6g (actor %d of %d); changed: %s; %s network %s; vector mode %s%s",
                     session.learner_id, settings.batch_size, settings.max_unacked,
                     wire.Codec.parse(settings.codec).label, settings.actor_priorities, self.exploration,
                     settings.actor_index % num_actors, num_actors, ", ".join(changed) or "nothing",
-                    settings.algorithm, f"built from {settings.algorithm_config}" if new_network else "kept")
+                    settings.algorithm, f"built from {settings.algorithm_config}" if new_network else "kept",
+                    self.vector_mode, " (auto)" if self.config.vector_mode == AUTO_MODE else "")
 
     def _loop(self, max_env_steps: int) -> None:
         num_envs = self.config.num_envs

@@ -34,10 +34,10 @@ from actorlearner.envs.workers import SharedSteps, copy_into, probe, tree_map
 AHEAD_MODE = "ahead"
 """The ``--vector-mode`` that runs the env loop in a process of its own."""
 
-AHEAD = 16
+AHEAD = 32
 """Vector steps the child may take before the actor has taken them."""
 
-HANDOFF = 8
+HANDOFF = 16
 """Vector steps announced per message: each wakes the actor's process, which costs about what a step
 of a few light envs does."""
 

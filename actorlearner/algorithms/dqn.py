@@ -13,7 +13,7 @@ gamma**k (or 0 after a termination), so n-step returns need nothing special here
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -126,6 +126,11 @@ class QNetwork(nn.Module):
         q = self.head(self.encoder(obs))
         return q if self.mask_key is None else mask_q(q, obs[self.mask_key])
 
+    def function(self) -> Callable[[Mapping[str, Tensor]], Tensor]:
+        """`forward` as a function of the parameters held now, for acting (see `networks.encoders.bound`)."""
+        encode, head, key = self.encoder.function(), self.head.function(), self.mask_key
+        return (lambda obs: head(encode(obs))) if key is None else (lambda obs: mask_q(head(encode(obs)), obs[key]))
+
 
 # ---------------------------------------------------------------- algorithm
 
@@ -136,6 +141,7 @@ class DQNPolicy(ApeXPolicy):
     def __init__(self, spec: DQN, *, device: str | torch.device = "cpu", seed: int = 0):
         super().__init__(spec, device=device, seed=seed)
         self._split = leaf_splitter(spec.observation_space)
+        self._q = self.online.function()  # the online network's forward, cheaper on an actor's few rows
 
     def act(self, obs: Any, exploration: np.ndarray | float) -> np.ndarray:
         """Epsilon-greedy actions (all branches random together) in the env's action values."""
@@ -146,7 +152,7 @@ class DQNPolicy(ApeXPolicy):
         """`act`'s actions and the Q values [E, D, N] they were chosen on (for `ApeXNStepAssembler`)."""
         leaves = {key: torch.as_tensor(array, device=self.device) for key, array in self._split(obs).items()}
         legal = leaves[self.online.mask_key] if self.online.mask_key else None
-        q = self.online(leaves).cpu().numpy()
+        q = self._q(leaves).cpu().numpy()
         return self.epsilon_greedy(q.argmax(axis=-1), exploration, legal), q
 
     @torch.no_grad()

@@ -21,8 +21,8 @@ class ActorConfig:
     """Stable id across reconnects; default HOSTNAME-PID."""
     num_envs: int = 4
     """Environments in this actor's vector env."""
-    vector_mode: str = "sync"
-    """Vector env: sync (one process), async (a subprocess per env), workers (two worker processes, each stepping half the envs while the policy acts on the other half) or ahead (one process acts and steps, a few steps ahead, while this one assembles and streams; no self-play, no recurrent policy)."""
+    vector_mode: str = "auto"
+    """Vector env: auto (ahead for a policy without memory and no self-play, else sync; chosen once the learner names the algorithm, and logged), sync (one process), async (a subprocess per env), workers (two worker processes, each stepping half the envs while the policy acts on the other half) or ahead (one process acts and steps, a few steps ahead, while this one assembles and streams; no self-play, no recurrent policy)."""
     seed: int = 0
     """Seeds the envs and exploration."""
     profile_file: str = ""

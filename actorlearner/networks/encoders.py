@@ -6,7 +6,7 @@ stays uint8); every conversion to float happens inside the network, on its devic
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import gymnasium as gym
 import numpy as np
@@ -55,17 +55,31 @@ def conv_torso(channels: int, height: int, width: int) -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(channels, 16, 3, stride=1), nn.ReLU(), nn.Flatten())
 
 
-def run_layers(layers: nn.Sequential, x: Tensor) -> Tensor:
-    """``layers(x)``, its Linear and ReLU layers applied as the functions they are: on an actor's few
-    rows a module call costs about what a small layer computes."""
-    for layer in layers:
-        if type(layer) is nn.Linear:
-            x = F.linear(x, layer.weight, layer.bias)
-        elif type(layer) is nn.ReLU:
-            x = torch.relu(x)
-        else:
-            x = layer(x)
-    return x
+def bound(module: nn.Module) -> Callable[[Tensor], Tensor]:
+    """``module``'s forward as a function of the parameter tensors it holds now: Linear, ReLU, FlatEncoder and
+    Sequentials of them as the functions they are, anything else as the module itself.
+
+    For acting, where a few rows make a module call and an attribute lookup cost about what a small
+    layer computes. Loading weights copies into the same tensors, so the function follows it; moving
+    the module to another device does not.
+    """
+    if type(module) is nn.Linear:
+        weight, bias = module.weight, module.bias
+        return lambda x: F.linear(x, weight, bias)
+    if type(module) is nn.ReLU:
+        return torch.relu
+    if type(module) is FlatEncoder:
+        width = module.output_dim
+        return lambda x: x.reshape(x.shape[0], width).to(torch.float32)
+    if type(module) is nn.Sequential:
+        layers = [bound(layer) for layer in module]
+
+        def run(x: Tensor) -> Tensor:
+            for layer in layers:
+                x = layer(x)
+            return x
+        return run
+    return module
 
 
 class ImageEncoder(nn.Module):
@@ -159,4 +173,12 @@ class ObservationEncoder(nn.Module):
 
     def forward(self, obs: Mapping[str, Tensor]) -> Tensor:
         features = [encoder(obs[key]) for key, encoder in zip(self.keys, self.leaf_encoders)]
-        return run_layers(self.mlp, features[0] if len(features) == 1 else torch.cat(features, dim=1))
+        return self.mlp(features[0] if len(features) == 1 else torch.cat(features, dim=1))
+
+    def function(self) -> Callable[[Mapping[str, Tensor]], Tensor]:
+        """`forward` as a function of the parameters held now (see `bound`)."""
+        leaves, mlp = [(key, bound(encoder)) for key, encoder in zip(self.keys, self.leaf_encoders)], bound(self.mlp)
+        if len(leaves) == 1:
+            (key, leaf), = leaves
+            return lambda obs: mlp(leaf(obs[key]))
+        return lambda obs: mlp(torch.cat([leaf(obs[key]) for key, leaf in leaves], dim=1))

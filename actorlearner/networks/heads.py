@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 import torch
-import torch.nn.functional as F
 from gymnasium import spaces
 from torch import Tensor, nn
 
+from actorlearner.networks.encoders import bound
 from actorlearner.networks.leaves import UnsupportedSpace
 
 DISCRETE_ACTIONS = "use Discrete, MultiDiscrete or MultiBinary"
@@ -102,15 +103,30 @@ class BranchingDuelingHead(nn.Module):
         self.register_buffer("size_of_branch", torch.tensor(sizes, dtype=torch.float32), persistent=False)
 
     def forward(self, h: Tensor) -> Tensor:
-        q = F.linear(h, self.advantages.weight, self.advantages.bias)  # as a function: see `run_layers`
-        value = None if self.value is None else F.linear(h, self.value.weight, self.value.bias)
+        q = self.advantages(h)
         if len(self.sizes) == 1:  # one branch (Discrete): nothing to pad, a third of the ops
-            return (value + q - q.mean(1, keepdim=True) if value is not None else q).unsqueeze(1)
-        if value is not None:
+            return _one_branch(q, self.value(h) if self.value is not None else None)
+        if self.value is not None:
             sums = torch.zeros(h.shape[0], len(self.sizes), dtype=q.dtype, device=q.device).index_add(1, self.branch, q)
-            q = value + q - (sums / self.size_of_branch)[:, self.branch]
+            q = self.value(h) + q - (sums / self.size_of_branch)[:, self.branch]
         padded = torch.full((h.shape[0], len(self.sizes) * self.n_max), float("-inf"), dtype=q.dtype, device=q.device)
         return padded.index_copy(1, self.padded_index, q).view(h.shape[0], len(self.sizes), self.n_max)
+
+    def function(self) -> Callable[[Tensor], Tensor]:
+        """`forward` as a function of the parameters held now (see `encoders.bound`): one branch's layers
+        applied as functions; several branches call the module."""
+        if len(self.sizes) != 1:
+            return self
+        advantages = bound(self.advantages)
+        if self.value is None:
+            return lambda h: _one_branch(advantages(h), None)
+        value = bound(self.value)
+        return lambda h: _one_branch(advantages(h), value(h))
+
+
+def _one_branch(advantages: Tensor, value: Tensor | None) -> Tensor:
+    """Q values ``[B, 1, N]`` of one branch: dueling when there is a ``value``."""
+    return (value + advantages - advantages.mean(1, keepdim=True) if value is not None else advantages).unsqueeze(1)
 
 
 MASK_KEY = "action_mask"
