@@ -70,7 +70,7 @@ def parse_progress(line: str) -> dict | None:
 def run_seed(env: str, seed: int, steps: int, max_seconds: float, extra: list[str], log_path: Path,
              echo: bool, grace: float = 120.0) -> dict:
     """One ``actorlearner run`` up to ``steps`` env steps: its progress points, final result and wall time."""
-    command = [sys.executable, "-m", "actorlearner", "run", "--env", env, "--seed", str(seed),
+    command = [sys.executable, "-m", "actorlearner", "run", "--port", "0", "--env", env, "--seed", str(seed),
                "--max-seconds", str(max_seconds), "--target-return", "1e9", *extra]
     path = os.pathsep.join(p for p in (str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     points: list[dict] = []

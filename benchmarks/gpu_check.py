@@ -65,7 +65,8 @@ def steps(python: str, scratch: str) -> list[Step]:
              [*bench, "--cases", "replay-1M,replay-10M", "--batch-sizes", "256,4096", "--runs", "3",
               "--replay-seconds", "0.5", "--json", replay_json], json_path=replay_json),
         Step("run", "System run: MinAtar Breakout, 8 actors x 8 envs, 3 minutes", 210,
-             [python, "-m", "actorlearner", "run", "--env", "MinAtar/Breakout-v1", "--actors", "8", "--num-envs", "8",
+             [python, "-m", "actorlearner", "run", "--port", "0",
+              "--env", "MinAtar/Breakout-v1", "--actors", "8", "--num-envs", "8",
               "--device", "cuda", "--max-seconds", "180", "--target-return", "1e9", "--no-plot",
               "--no-checkpoint-replay", "--run-dir", f"{scratch}/run"]),
     ]

@@ -222,3 +222,10 @@ def test_a_bare_bool_flag_means_true():
     assert cfg.build(cfg.StatusConfig, parser.parse_args(["--json"]), {}).json is True
     assert cfg.build(cfg.StatusConfig, parser.parse_args(["--json", "no"]), {}).json is False
     assert cfg.build(cfg.StatusConfig, parser.parse_args(["--no-json"]), {"ACTORLEARNER_JSON": "1"}).json is False
+
+
+def test_run_refuses_an_unknown_vector_mode_before_starting_anything(caplog):
+    from actorlearner.cli.run import run_command
+
+    assert run_command(cfg.RunConfig(vector_mode="bogus")) == 2
+    assert "--vector-mode must be one of auto, sync, async, workers, ahead, got 'bogus'" in caplog.text

@@ -222,10 +222,12 @@ def test_a_killed_rank_fails_the_others_instead_of_leaving_them_waiting():
 
 
 def test_run_refuses_a_world_and_ignores_world_size_in_its_environment(tmp_path):
-    refused = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--world-size", "2"], capture_output=True,
+    refused = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--port", "0",
+                              "--world-size", "2"], capture_output=True,
                              text=True, timeout=120, env=CHILD_ENV)
     assert refused.returncode == 2 and "run trains one learner" in refused.stderr
-    done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--max-seconds", "1", "--actors", "1",
+    done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--port", "0",
+                           "--max-seconds", "1", "--actors", "1",
                            "--run-dir", str(tmp_path), "--no-plot"], capture_output=True, text=True, timeout=120,
                           env={**CHILD_ENV, "WORLD_SIZE": "2", "RANK": "1"})
     assert json.loads(done.stdout.strip().splitlines()[-1])["solved"] is False, done.stderr[-2000:]

@@ -28,7 +28,8 @@ def run(target: float, seconds: float, *args: str) -> tuple[dict, subprocess.Com
     """``actorlearner run`` with two actor processes until the evaluated return reaches ``target`` or
     ``seconds`` pass: its result line, and the finished process."""
     with tempfile.TemporaryDirectory() as run_dir:
-        done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--actors", "2", "--seed", "0",
+        done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--port", "0",
+                               "--actors", "2", "--seed", "0",
                                "--target-return", str(target), "--max-seconds", str(seconds), "--run-dir", run_dir,
                                "--no-plot", *args], capture_output=True, text=True, timeout=seconds + 120, env=CHILD_ENV)
     lines = done.stdout.strip().splitlines()

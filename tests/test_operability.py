@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import socket
@@ -98,3 +99,25 @@ def test_env_server_reports_health_and_metrics():
     finally:
         assert stop(server) == [0]
 
+
+
+def test_run_serves_on_its_port_prints_the_address_and_answers_status(tmp_path):
+    """``run --port N`` serves on N (as ``run --help`` says), prints where, and ``status`` reaches it there."""
+    port = free_port()
+    run = subprocess.Popen([sys.executable, "-m", "actorlearner", "run", "--host", "127.0.0.1", "--port", str(port),
+                            *FAST_LEARNER, "--actors", "1", "--num-envs", "2", "--max-seconds", "300",
+                            "--run-dir", str(tmp_path / "run"), "--no-plot"],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert run.stdout.readline().strip() == f"learner listening on 127.0.0.1:{port}"
+
+        def actor_counted() -> bool:
+            shown = subprocess.run([sys.executable, "-m", "actorlearner", "status", "--learner", f"127.0.0.1:{port}",
+                                    "--json"], capture_output=True, text=True, timeout=60)
+            return shown.returncode == 0 and json.loads(shown.stdout)["env_steps"] > 0
+
+        wait_until(actor_counted, 120, "status to show the run's actor stepping")
+        run.send_signal(signal.SIGINT)
+        assert run.wait(60) == 1  # stopped before solving
+    finally:
+        stop(run)

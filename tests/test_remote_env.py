@@ -305,7 +305,7 @@ def test_two_actors_train_through_env_servers():
 def test_run_trains_on_a_grpc_env(tmp_path):
     server, port = start_env_server("CartPole-v1")
     try:
-        done = subprocess.run([sys.executable, "-m", "actorlearner", "run", *FAST_LEARNER,
+        done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--port", "0", *FAST_LEARNER,
                                "--env", f"grpc://127.0.0.1:{port}", "--actors", "1", "--num-envs", "2",
                                "--max-seconds", "20", "--eval-every", "3", "--eval-episodes", "2", "--eval-envs", "2",
                                "--run-dir", str(tmp_path)],

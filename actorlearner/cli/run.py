@@ -1,4 +1,4 @@
-"""``actorlearner run``: a learner in this process and N actor processes on loopback, until solved or out of time."""
+"""``actorlearner run``: a learner in this process and N actor processes on this machine, until solved or out of time."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import sys
 import threading
 import time
 
-from actorlearner.cli.common import logger, on_signals
+from actorlearner.actor.actor import VECTOR_MODE_CHOICES
+from actorlearner.cli.common import logger, on_signals, warn_if_exposed
 from actorlearner.cli.learner import start_learner
 from actorlearner.config import LearnerConfig, RunConfig, options
 from actorlearner.curve import LearningCurve
@@ -26,9 +27,13 @@ def run_command(config: RunConfig) -> int:
     if config.learner.world_size > 1:
         logger.error("run trains one learner; data-parallel ones are 'actorlearner learner --world-size N' each")
         return 2
+    if config.vector_mode not in VECTOR_MODE_CHOICES:
+        logger.error("--vector-mode must be one of %s, got %r", ", ".join(VECTOR_MODE_CHOICES), config.vector_mode)
+        return 2
     run_dir = config.run_dir or new_run_dir(config.learner)
+    warn_if_exposed(config.learner.host, config.learner.security)
     learner_config = dataclasses.replace(
-        config.learner, host="127.0.0.1", port=0, num_actors=config.actors, world_size=1,  # WORLD_SIZE set or not
+        config.learner, num_actors=config.actors, world_size=1,  # WORLD_SIZE set or not
         checkpoint_dir=config.learner.checkpoint_dir or os.path.join(run_dir, "checkpoints"),
         logdir=config.learner.logdir or os.path.join(run_dir, "tb"))
     learner = start_learner(learner_config)
@@ -39,9 +44,12 @@ def run_command(config: RunConfig) -> int:
     start = time.monotonic()
     solved, eval_return = False, None
     curve, evaluations = LearningCurve(), 0
-    with serve(learner, "127.0.0.1", 0) as port:
+    host = learner_config.host
+    with serve(learner, host, learner_config.port) as port:
         learner.start()
-        actors = [_spawn_actor(config, port, i) for i in range(config.actors)]
+        print(f"learner listening on {host}:{port}", flush=True)  # for `actorlearner status`, `set`, more actors
+        address = f"{local_address(host)}:{port}"
+        actors = [_spawn_actor(config, address, i) for i in range(config.actors)]
         last_print = 0.0
         while not stop.wait(0.5):
             elapsed = time.monotonic() - start
@@ -86,9 +94,14 @@ def new_run_dir(config: LearnerConfig) -> str:
     return os.path.join("runs", re.sub(r"[^A-Za-z0-9._-]", "_", name))
 
 
-def _spawn_actor(config: RunConfig, port: int, index: int) -> subprocess.Popen:
-    command = [sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
-               "--env", config.learner.env, "--num-envs", str(config.num_envs),
+def local_address(host: str) -> str:
+    """Where a process on this machine reaches a server bound to ``host``: loopback for a wildcard address."""
+    return "127.0.0.1" if host.strip("[]") in ("", "0.0.0.0", "::") else host
+
+
+def _spawn_actor(config: RunConfig, address: str, index: int) -> subprocess.Popen:
+    command = [sys.executable, "-m", "actorlearner", "actor", "--learner", address,
+               "--env", config.learner.env, "--num-envs", str(config.num_envs), "--vector-mode", config.vector_mode,
                "--frame-stack", str(config.learner.frame_stack),
                "--seed", str(config.learner.seed * 1000 + index), "--actor-id", f"actor-{index}"]
     security = {opt.env_var: str(value) for opt in options(SecurityConfig)

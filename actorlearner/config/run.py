@@ -9,7 +9,7 @@ from actorlearner.config.learner import LearnerConfig
 
 @dataclass
 class RunConfig:
-    """One machine: a learner and N actor processes on loopback until solved or out of time."""
+    """One machine: a learner (serving on --host/--port, address printed) and N actor processes until solved or out of time."""
 
     actors: int = 2
     """Actor processes to start."""
@@ -19,6 +19,8 @@ class RunConfig:
     """Stop (unsolved) after this long."""
     num_envs: int = 4
     """Environments per actor."""
+    vector_mode: str = "auto"
+    """Each actor's --vector-mode: auto (ahead for a policy without memory and no self-play, else sync), sync, async, workers or ahead."""
     run_dir: str = ""
     """Where this run keeps its checkpoints (checkpoints/), TensorBoard logs (tb/) and learning curve (curve.png), unless --checkpoint-dir or --logdir say otherwise; `actorlearner eval --checkpoint` reads it. Default: a new directory under runs/."""
     plot: bool = True
