@@ -1,17 +1,22 @@
 """End to end: env steps/s of a learner + K actor processes against one-process loops, at the env's speed.
 
 Ours: ``actorlearner learner`` and K ``actorlearner actor`` processes on loopback (each actor
-``--num-envs N --vector-mode M``); env steps/s is the learner's status ``env_steps`` over a
-window of ``--seconds`` after ``--warmup`` seconds. Modes (``--modes``, default streaming only):
-streaming (``--min-replay-size`` 1e12: training never starts, the actors run as fast as acting
-and streaming let them) and training (the rate limiter holds the actors to
-``samples_per_insert``, as in a real run).
+``--num-envs N``, with the actor's default ``--vector-mode``, auto, unless ``--vector-mode`` names
+one; the table names the mode each actor's first log line reports); env steps/s is the learner's
+status ``env_steps`` over a window of ``--seconds`` after ``--warmup`` seconds. Modes
+(``--modes``, default streaming only): streaming (``--min-replay-size`` 1e12: training never
+starts, the actors run as fast as acting and streaming let them) and training (the rate limiter
+holds the actors to ``samples_per_insert``, as in a real run).
 
-Baseline, same run: the one-process loop, the same N envs (a sync vector env: one process) stepped with
-the same DQN policy acting epsilon-greedily (0.1, torch threads 1), no learning, no streaming.
-It runs alone (one loop) and as K separate processes side by side over one shared window (K
-loops, their steps/s summed). Ratios: ours / one loop (the project's targets: 1 actor >= 0.8x,
-2 actors >= 0.9x) and ours / K loops (scaling). The learner is an extra process on top of K.
+Baselines, same run: two one-process loops over the same N envs acting epsilon-greedily (0.1,
+torch threads 1), no learning, no streaming. The project's loop: its ``make_vector_env`` (sync)
+and the DQN policy's ``act``. The plain loop: gymnasium, torch and numpy only
+(``gymnasium.make_vec(..., vectorization_mode="sync")``, a dueling network of the default DQN
+shape defined here, greedy under ``no_grad``, epsilon-greedy with numpy). Each runs alone (one
+loop) and as K separate processes side by side over one shared window (K loops, their steps/s
+summed). Ratios are taken against the faster kind: ours / one loop (the project's targets:
+1 actor >= 0.8x, 2 actors >= 0.9x) and ours / K loops (scaling). The learner is an extra process
+on top of K.
 
 Envs (``--envs``): cartpole (CartPole-v1), minatar (bench_minatar:breakout), atari
 (ALE/Breakout-v5, 4 frames stacked). Each actor writes its per-step time profile

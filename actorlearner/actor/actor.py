@@ -62,7 +62,10 @@ class Actor:
     - a changed algorithm or ``algorithm_config`` replaces the network, and the loop acts again only
       once weights of the new session arrived; an unchanged one keeps network and weights. A
       Welcome that changes only runtime-tunable options (``actorlearner set``, on the live stream)
-      keeps network, weights and the assembler's episodes: the policy is retuned in place.
+      keeps network, weights and the assembler's episodes: the policy is retuned in place;
+    - with ``--vector-mode auto`` (the default) a new network also picks how the envs step: ahead
+      (`actorlearner.actor.ahead`) for a policy without memory, sync for one with memory or for
+      self-play. A switch replaces the envs, and their episodes start anew.
     """
 
     def __init__(self, config: ActorConfig):

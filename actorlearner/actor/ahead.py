@@ -1,4 +1,5 @@
-"""The env loop in a process of its own, running ahead (``--vector-mode ahead``).
+"""The env loop in a process of its own, running ahead (``--vector-mode ahead``; what ``auto``, the default,
+picks for a policy without memory).
 
 A child process holds the vector env and a copy of the actor's policy: it acts and steps, as a
 one-process loop does, and hands each vector step to the actor, up to `AHEAD` steps before the
