@@ -52,8 +52,13 @@ def start_learner(*args: str, port: int = 0) -> tuple[subprocess.Popen, int]:
 
 
 def start_actor(port: int, actor_id: str, *args: str, stderr=None) -> subprocess.Popen:
+    """An actor process of 2 envs stepped in its own process (``--vector-mode sync``; ``args`` may say otherwise):
+    the default, auto, spawns a second process per actor (ahead), whose start and two busy cores per actor slow
+    the suite's many streaming tests on a 2-core machine by a third. The default itself is tested where it
+    matters: test_vector_mode.py, test_ahead.py, in-process actors, and every learning test's ``run``."""
     return subprocess.Popen([sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
-                             "--actor-id", actor_id, "--num-envs", "2", *args], stderr=stderr, env=CHILD_ENV)
+                             "--actor-id", actor_id, "--num-envs", "2", "--vector-mode", "sync", *args],
+                            stderr=stderr, env=CHILD_ENV)
 
 
 def free_port() -> int:

@@ -18,7 +18,7 @@ def test_the_default_fits_the_policy_and_the_first_log_line_says_which(algorithm
     learner, port = start_learner("--env", "CartPole-v1", *NOT_TRAINING, "--algorithm", algorithm)
     actor = None
     try:
-        actor = start_actor(port, f"auto-{algorithm}", stderr=subprocess.PIPE)
+        actor = start_actor(port, f"auto-{algorithm}", "--vector-mode", "auto", stderr=subprocess.PIPE)
         log = StderrLines(actor)
         first = wait_until(lambda: log.lines[:1], 120, "the actor's first log line")[0]
         assert f"{algorithm} network built" in first and first.rstrip().endswith(f"vector mode {mode} (auto)"), first

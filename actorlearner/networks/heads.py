@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -52,14 +53,13 @@ class ActionBranches:
         """Branch indices ``[B, D]`` -> actions ``[B, *shape]`` in the space's dtype (starts added)."""
         if isinstance(indices, Tensor):
             indices = indices.detach().cpu().numpy()
-        actions = np.asarray(indices, dtype=np.int64) + self._host_starts()  # a new array, in any case
+        actions = np.asarray(indices, dtype=np.int64) + self._host_starts  # a new array, in any case
         return actions.astype(self.dtype, copy=False).reshape(len(actions), *self.shape)
 
+    @functools.cached_property
     def _host_starts(self) -> np.ndarray:
-        starts = self.__dict__.get("_starts_array")
-        if starts is None:
-            starts = self.__dict__["_starts_array"] = np.asarray(self.starts, dtype=np.int64)
-        return starts
+        """The starts as one int64 array, made once (cached_property writes past the frozen dataclass)."""
+        return np.asarray(self.starts, dtype=np.int64)
 
 
 def action_branches(space: gym.Space) -> ActionBranches:
