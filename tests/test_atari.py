@@ -171,7 +171,7 @@ def test_dqn_sees_stacked_frames_through_the_nature_dqn_torso():
 def test_run_trains_on_pong_with_stacked_frames_and_eval_reports_the_game_score(tmp_path):
     run_dir = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "actorlearner", "run", "--port", "0",
+        [sys.executable, "-m", "actorlearner", "run", "--port", "0", "--vector-mode", "sync",
          "--env", "ALE/Pong-v5", "--frame-stack", "4", "--actors", "1",
          "--num-envs", "2", "--max-seconds", "10", "--target-return", "100", "--min-replay-size", "200",
          "--replay-capacity", "2000", "--batch-size", "16", "--publish-every", "5", "--dqn-hidden-sizes", "64",

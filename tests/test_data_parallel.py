@@ -226,7 +226,7 @@ def test_run_refuses_a_world_and_ignores_world_size_in_its_environment(tmp_path)
                               "--world-size", "2"], capture_output=True,
                              text=True, timeout=120, env=CHILD_ENV)
     assert refused.returncode == 2 and "run trains one learner" in refused.stderr
-    done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--port", "0",
+    done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--port", "0", "--vector-mode", "sync",
                            "--max-seconds", "1", "--actors", "1",
                            "--run-dir", str(tmp_path), "--no-plot"], capture_output=True, text=True, timeout=120,
                           env={**CHILD_ENV, "WORLD_SIZE": "2", "RANK": "1"})

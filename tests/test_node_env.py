@@ -205,7 +205,8 @@ def random_return(stub, episodes: int) -> float:
 
 def test_training_run(port, stub, tmp_path):
     baseline = random_return(stub, 50)
-    command = [sys.executable, "-m", "actorlearner", "run", "--port", "0", "--env", f"grpc://127.0.0.1:{port}",
+    command = [sys.executable, "-m", "actorlearner", "run", "--port", "0", "--vector-mode", "sync",
+               "--env", f"grpc://127.0.0.1:{port}",
                "--actors", "1", "--num-envs", "2", "--max-seconds", "40", "--target-return", str(baseline + 1.0),
                "--min-replay-size", "256", "--eval-every", "5", "--eval-episodes", "20", "--eval-envs", "2",
                "--replay-capacity", "20000", "--batch-size", "64", "--publish-every", "5",

@@ -106,6 +106,7 @@ def test_run_serves_on_its_port_prints_the_address_and_answers_status(tmp_path):
     port = free_port()
     run = subprocess.Popen([sys.executable, "-m", "actorlearner", "run", "--host", "127.0.0.1", "--port", str(port),
                             *FAST_LEARNER, "--actors", "1", "--num-envs", "2", "--max-seconds", "300",
+                            "--vector-mode", "sync",
                             "--run-dir", str(tmp_path / "run"), "--no-plot"],
                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
