@@ -50,7 +50,7 @@ def test_the_policy_an_actor_builds_for_a_welcome_holds_no_learner_state(algorit
         welcome = pb.Welcome(learner_id="learner", settings=pb.Settings(
             batch_size=16, max_unacked=4, codec=pb.CODEC_MSGPACK, num_actors=1, max_message_bytes=64 << 20,
             algorithm=algorithm, algorithm_config=json.dumps(config)), batch_fields=field_specs(spec.transition_fields()))
-        policy = actor._build_policy(welcome)  # what the link calls for each Welcome
+        policy = actor._build_policy(welcome)  # what the actor calls for each Welcome
     finally:
         actor.envs.close()
     held = reachable(policy)

@@ -104,8 +104,8 @@ def test_a_chain_of_relays_carries_batches_acks_policies_and_status(capsys):
         learner.publish()
         for link in links:
             wait_until(lambda: (p := link.take_policy()) and p.version == learner.version, 60, "the new version")
-        indices = sorted(link.session.settings.actor_index for link in links)
-        assert indices == [0, 1] and all(link.session.settings.num_actors == 3 for link in links)
+        indices = sorted(link.welcome.settings.actor_index for link in links)
+        assert indices == [0, 1] and all(link.welcome.settings.num_actors == 3 for link in links)
         assert a.broadcast.serializations == b.broadcast.serializations == 2  # one copy per version and relay
 
         actors = by_id(learner.status())
@@ -127,9 +127,9 @@ def test_a_chain_of_relays_carries_batches_acks_policies_and_status(capsys):
             stub.SetParameters(pb.SetParametersRequest(parameters=[pb.Parameter(name="dqn-epsilon-base",
                                                                                 value="0.25")]), timeout=10)
         for link in links:  # a new Welcome on the live stream: same index, the new settings
-            wait_until(lambda: '"epsilon_base": 0.25' in link.session.settings.algorithm_config, 60, "the new settings")
+            wait_until(lambda: '"epsilon_base": 0.25' in link.welcome.settings.algorithm_config, 60, "the new settings")
             assert link.welcomes == 1 + 1 and link.reconnects == 0
-        assert sorted(link.session.settings.actor_index for link in links) == indices
+        assert sorted(link.welcome.settings.actor_index for link in links) == indices
         for link in links:
             link.close()
         wait_until(lambda: not any(s.connected for s in learner.status().actors if not s.relay), 30,

@@ -2,34 +2,34 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
+import queue
 import socket
 import threading
 import time
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 import torch
 
 from actorlearner import specs, wire
+from actorlearner.actor.ahead import AHEAD_MODE, Ahead, LoopProcess
 from actorlearner.actor.batching import PendingTransitions, rows
 from actorlearner.actor.episodes import EpisodeTally
 from actorlearner.actor.frames import FrameIds, FramePending
-from actorlearner.actor.link import AppliedWelcome, LearnerLink, SettingsError, policy_key
+from actorlearner.actor.link import LearnerLink, LinkError, ReceivedPolicy, policy_key
+from actorlearner.actor.priorities import batch_priorities
 from actorlearner.actor.profile import StepProfile
-from actorlearner.actor.ahead import AHEAD_MODE, Ahead, LoopProcess
-from actorlearner.actor.stepping import Lockstep, has_memory, stepper
-from actorlearner.algorithms import PRIORITY, AlgorithmSpec, Policy, TransitionAssembler, make_spec
+from actorlearner.actor.roles import SettingsError, make_roles
+from actorlearner.actor.stepping import Lockstep, stepper
+from actorlearner.algorithms import AlgorithmSpec, Policy, TransitionAssembler, make_spec
 from actorlearner.config import ActorConfig
-from actorlearner.envs import make_env, make_vector_env
+from actorlearner.envs import make_vector_env
 from actorlearner.envs.factory import VECTOR_MODES, env_factories
-from actorlearner.envs.multiagent import is_multi_agent, shared_spaces
 from actorlearner.frames import FrameLayout, algorithm_frames, batch_fields, frame_stack_of
-from actorlearner.league import Game, OpponentPool, SeatEnv
-from actorlearner.league.league import OUTCOME_CODES
 from actorlearner.metrics import Metric
 from actorlearner.telemetry import RateMeter
 from actorlearner.v1 import learner_pb2 as pb
@@ -41,12 +41,33 @@ AUTO_MODE = "auto"
 VECTOR_MODE_CHOICES = (AUTO_MODE, *VECTOR_MODES, AHEAD_MODE)
 
 
+@dataclass(frozen=True, eq=False)
+class AppliedWelcome:
+    """One Welcome as the actor applies it: the learner's settings, a fresh policy of the algorithm they
+    name, and ``policy_spec``, what every PolicyUpdate of the session must match."""
+
+    welcome: pb.Welcome
+    policy: Policy
+    policy_spec: wire.Spec
+
+    @property
+    def settings(self) -> pb.Settings:
+        return self.welcome.settings
+
+    @property
+    def learner_id(self) -> str:
+        return self.welcome.learner_id
+
+
 class Actor:
     """Steps envs with the newest policy it has and streams batches of the learner's algorithm.
 
     The algorithm comes from the Welcome (its name and config), as does every other setting:
-    batch size, window, codec, this actor's exploration. Policy updates are applied between
-    env steps and every batch carries the version that produced it. When a Welcome comes
+    batch size, window, codec, this actor's exploration. The env loop's thread checks each Welcome
+    and builds its network; settings it cannot apply, or weights that do not fit the network
+    their Welcome describes, refuse the learner for good (`LinkError`). Policy updates are applied
+    between env steps and every batch carries the version that produced it. Optional roles
+    (self-play) take part through hooks (`actorlearner.actor.roles`). When a Welcome comes
     from another learner (a restart) or changes what shapes batches (the algorithm's config,
     such as n-step and gamma, batch size, codec, priorities), the previous session is closed
     out first:
@@ -64,32 +85,32 @@ class Actor:
       Welcome that changes only runtime-tunable options (``actorlearner set``, on the live stream)
       keeps network, weights and the assembler's episodes: the policy is retuned in place;
     - with ``--vector-mode auto`` (the default) a new network also picks how the envs step: ahead
-      (`actorlearner.actor.ahead`) for a policy without memory, sync for one with memory or for
-      self-play. A switch replaces the envs, and their episodes start anew.
+      (`actorlearner.actor.ahead`) for a policy without memory, sync for one with memory or for a
+      role that needs it (self-play). A switch replaces the envs, and their episodes start anew.
     """
 
     def __init__(self, config: ActorConfig):
         self.config = config
         torch.set_num_threads(config.torch_threads)
         self.actor_id = config.actor_id or f"{socket.gethostname()}-{os.getpid()}"
-        self.agents, self.pool = self._league_of(config)
-        self._games: list[Game] = []  # self-play games ended since the last batch
-        self._opponents: set[str] = set()  # opponents of the games under way at the last batch or drawn since
-        self._slots = itertools.count()
         if config.vector_mode not in VECTOR_MODE_CHOICES:
             raise ValueError(f"vector mode must be one of {', '.join(VECTOR_MODE_CHOICES)}, got {config.vector_mode!r}")
-        # auto starts ahead (sync for self-play: opponents play here); a Welcome's policy may switch it
+        self.roles = make_roles(config)
+        if self.roles.sync_only and config.vector_mode not in ("sync", AUTO_MODE):
+            raise ValueError(self.roles.sync_only)
+        # auto starts ahead (sync where a role needs it); a Welcome's policy may switch it
         self.vector_mode = config.vector_mode
         if self.vector_mode == AUTO_MODE:
-            self.vector_mode = "sync" if self.agents else AHEAD_MODE
+            self.vector_mode = "sync" if self.roles.sync_only else AHEAD_MODE
         self.envs = self._vector_env(self.vector_mode)
         obs_space, act_space = self.envs.single_observation_space, self.envs.single_action_space
         self.obs_space, self.act_space = obs_space, act_space
         hello = pb.Hello(actor_id=self.actor_id, protocol_version=wire.PROTOCOL_VERSION,
-                         env_spec=specs.env_spec(config.env, obs_space, act_space, self.agents), policy_version=-1)
-        self.link = LearnerLink(config.learner, hello, config.max_message_bytes,
-                                config.reconnect_initial, config.reconnect_max, config.security,
-                                build_policy=self._build_policy)
+                         env_spec=specs.env_spec(config.env, obs_space, act_space, list(self.roles.agents)),
+                         policy_version=-1)
+        self._league_inbox: queue.SimpleQueue = queue.SimpleQueue()  # the link's league messages, for the roles
+        self.link = LearnerLink(config.learner, hello, config.max_message_bytes, config.reconnect_initial,
+                                config.reconnect_max, config.security, on_league=self._league_inbox.put)
         # What the env loop runs; only its thread changes these.
         self.session: AppliedWelcome | None = None  # the Welcome whose settings are in force
         self.policy: Policy | None = None  # the algorithm's acting part, of the session's network
@@ -97,7 +118,7 @@ class Actor:
         self.assembler: TransitionAssembler | None = None
         self.exploration = 1.0
         # Frame stacking: each frame gets an id once; items are assembled of ids and carry their frames.
-        frame_stack = 0 if self.agents else frame_stack_of(self.envs, config.frame_stack)
+        frame_stack = 0 if self.roles.agents else frame_stack_of(self.envs, config.frame_stack)
         self.frame_ids = FrameIds(config.num_envs, frame_stack) if frame_stack else None
         self.frame_layout: FrameLayout | None = None  # of the session's algorithm
         self.pending: PendingTransitions | FramePending = PendingTransitions()  # transitions not yet in a batch
@@ -110,27 +131,14 @@ class Actor:
         self.batches_sent = 0
         self.stop_event = threading.Event()
 
-    @staticmethod
-    def _league_of(config: ActorConfig) -> tuple[list[str], OpponentPool | None]:
-        """A multi-agent env's agents and the opponent pool self-play draws from; ([], None) otherwise."""
-        env = make_env(config.env, config.security)
-        try:
-            if not is_multi_agent(env):
-                return [], None
-            if config.vector_mode not in ("sync", AUTO_MODE):
-                raise ValueError("self-play needs vector_mode sync or auto: the opponents play in the actor's process")
-            return list(env.possible_agents), OpponentPool(*shared_spaces(env), config.seed)
-        finally:
-            env.close()
-
     def _vector_env(self, mode: str) -> gym.vector.VectorEnv | LoopProcess:
         """The envs stepped in vector mode ``mode`` (not auto)."""
         config = self.config
-        if mode == AHEAD_MODE:  # never with self-play: its opponents play in this process
+        if mode == AHEAD_MODE:  # never for a role that is sync_only
             return LoopProcess(env_factories(config.env, config.num_envs, config.security,
                                              frame_stack=config.frame_stack), config.torch_threads)
         return make_vector_env(config.env, config.num_envs, mode, config.security,
-                               wrap=self._seat if self.agents else None, frame_stack=config.frame_stack)
+                               wrap=self.roles.wrapper(), frame_stack=config.frame_stack)
 
     def _stepper(self) -> Lockstep | Ahead:
         return Ahead(self.envs, self.profile, self.config.seed) if isinstance(self.envs, LoopProcess) \
@@ -139,23 +147,13 @@ class Actor:
     def _switch_vector_mode(self, policy: Policy) -> bool:
         """With vector mode auto, replace the envs if ``policy`` needs another mode than they run (ahead
         without memory, sync with it); whether they were replaced (their episodes dropped)."""
-        mode = "sync" if self.agents or has_memory(policy) else AHEAD_MODE
+        mode = "sync" if self.roles.sync_only or policy.recurrent else AHEAD_MODE
         if self.config.vector_mode != AUTO_MODE or mode == self.vector_mode:
             return False
         self.envs.close()
         self.vector_mode, self.envs = mode, self._vector_env(mode)
         self.stepper = self._stepper()
         return True
-
-    def _seat(self, env) -> SeatEnv:
-        """A multi-agent env as one learning seat (rotating), its opponents drawn from the league."""
-        slot = next(self._slots)
-
-        def draw():
-            player = self.pool.draw(slot)
-            self._opponents.add(player.id)
-            return player
-        return SeatEnv(env, draw, self._games.append, first_seat=slot)
 
     def run(self, max_env_steps: int = 0) -> None:
         """Act until :meth:`stop` (or ``max_env_steps`` real env steps), then flush unacked batches."""
@@ -188,8 +186,17 @@ class Actor:
                    counter=True, label="section"),
         ]
 
+    def _session_of(self, welcome: pb.Welcome) -> AppliedWelcome:
+        """``welcome`` as this actor applies it; LinkError (the learner refused for good) for settings it cannot."""
+        try:
+            policy = self._build_policy(welcome)
+        except SettingsError as exc:
+            raise self._refuse(f"learner {welcome.learner_id} at {self.link.address} sent settings "
+                               f"this actor cannot apply: {exc}") from None
+        return AppliedWelcome(welcome, policy, wire.state_dict_spec(policy.policy_state_dict()))
+
     def _build_policy(self, welcome: pb.Welcome) -> Policy:
-        """Check a Welcome's settings and build a policy of the algorithm they name (on the link's reader thread).
+        """Check a Welcome's settings and build a policy of the algorithm they name.
 
         Raises SettingsError naming what this actor cannot apply.
         """
@@ -203,7 +210,7 @@ class Actor:
                 raise TypeError("algorithm_config must be a JSON object")
             spec = make_spec(settings.algorithm, self.obs_space, self.act_space, hyperparameters)
             policy = spec.make_policy(device="cpu", seed=self.config.seed)
-            if self.config.vector_mode == AHEAD_MODE and has_memory(policy):
+            if self.config.vector_mode == AHEAD_MODE and policy.recurrent:
                 raise ValueError(f"vector mode {AHEAD_MODE} needs a policy without memory ({settings.algorithm} "
                                  "keeps recurrent state): use sync or workers")
             layout, assembling = self._assembly(spec)
@@ -211,9 +218,7 @@ class Actor:
             fields = fields if layout is None else batch_fields(layout, fields)
         except (ValueError, TypeError, RuntimeError) as exc:  # what bad values make configs and torch raise
             raise SettingsError(f"{type(exc).__name__}: {exc}") from None
-        if settings.HasField("league") != bool(self.agents):
-            raise SettingsError(f"the learner {'keeps' if settings.HasField('league') else 'keeps no'} league but "
-                                f"this actor's env has {'several agents' if self.agents else 'one agent'}")
+        self.roles.check_welcome(settings)
         built = {name: (tuple(shape), wire.np_dtype(dtype).name) for name, (shape, dtype) in fields.items()}
         expected = {f.name: (tuple(f.shape), f.dtype) for f in welcome.batch_fields}
         if built != expected:
@@ -227,24 +232,46 @@ class Actor:
         return (None, spec) if self.frame_ids is None else algorithm_frames(spec)
 
     def _follow_learner(self) -> bool:
-        """Apply the newest Welcome and weights the link holds; False while the network has no weights.
+        """Apply the newest Welcome, weights and league messages the link holds; False while the network
+        has no weights.
 
-        Weights come with the session they were decoded for, and that session is applied
-        before they are loaded: the loop never acts with a network of one Welcome and
-        weights of another.
+        Weights come with the Welcome they arrived under, whose session is applied before they
+        are checked against its network and loaded: the loop never acts with a network of one
+        Welcome and weights of another.
         """
         received = self.link.take_policy()
-        session = received.session if received is not None else self.link.session
-        if session is not None and session is not self.session:
-            self._apply_session(session)
+        welcome = received.welcome if received is not None else self.link.welcome
+        changed = welcome is not None and (self.session is None or welcome is not self.session.welcome)
+        if changed:
+            self._apply_session(self._session_of(welcome))
         if received is not None:
-            self.policy.load_policy_state_dict(received.state)
+            self.policy.load_policy_state_dict(self._checked(received))
             self.policy_version = received.version
             self.link.hold(received)
-        if self.pool is not None:
-            self.pool.update(*self.link.take_league())
-            self.pool.current = (self.policy_version, self.policy)
+        while not self._league_inbox.empty():
+            message = self._league_inbox.get()
+            if isinstance(message, pb.LeagueUpdate):
+                self.roles.league_update(message)
+            elif policy_key(message.welcome.settings) == policy_key(self.session.settings):  # else an older network's
+                self.roles.snapshot(message.opponent, self._checked(message))
+        if changed or received is not None:
+            self.roles.policy_changed(self.policy_version, self.policy)
         return self.policy_version >= 0
+
+    def _checked(self, received: ReceivedPolicy) -> dict[str, torch.Tensor]:
+        """``received``'s weights; LinkError (the learner refused for good) if they do not fit the session's network."""
+        try:
+            wire.check_state_dict(received.state, self.session.policy_spec)
+        except wire.WireError as exc:
+            raise self._refuse(f"learner {received.welcome.learner_id} at {self.link.address} sent policy version "
+                               f"{received.version} that does not fit the network its Welcome describes: {exc}") from None
+        return received.state
+
+    def _refuse(self, reason: str) -> LinkError:
+        """Stop the link for good for ``reason``; the error to raise."""
+        error = LinkError(reason)
+        self.link.refuse(error)
+        return error
 
     def _apply_session(self, session: AppliedWelcome) -> None:
         """Close out the previous session if needed, then rebuild what depends on the settings."""
@@ -260,10 +287,7 @@ class Actor:
             self.episodes = EpisodeTally(self.config.num_envs)
         if new_network:
             self.policy, self.policy_version = session.policy, -1
-            if self.pool is not None:
-                spec = session.policy.spec
-                self.pool.reset(lambda: spec.make_policy(device="cpu", seed=self.config.seed),
-                                settings.league.opponent_exploration)
+            self.roles.new_network(session.policy.spec, settings)
         elif settings.algorithm_config != previous.settings.algorithm_config:
             self.policy.retune(session.policy.config)
         if previous is None or _reshapes_batches(previous, session):
@@ -352,37 +376,14 @@ class Actor:
         while self.pending.ready(settings.batch_size, everything):
             batch, version = self.pending.take(settings.batch_size)  # version: the oldest that made any of it
             self.profile.mark("assemble")
-            self._send(batch, self._seq, version, codec, settings.actor_priorities)
+            priorities = batch_priorities(batch, settings, self.policy, self.frame_layout)
+            self.profile.mark("priorities")
+            self._send(batch, priorities, self._seq, version, codec)
             self._seq += 1
 
-    def _priorities(self, batch: dict[str, np.ndarray], assembled: np.ndarray | None) -> np.ndarray:
-        """The batch's initial priorities: those the assembler gave, the policy's for the rest (NaN or all);
-        empty when neither gives any (the learner then uses its maximum)."""
-        missing = np.ones(rows(batch), bool) if assembled is None else np.isnan(assembled)
-        if not missing.any():
-            return assembled
-        tensors = {k: torch.from_numpy(v[missing]) for k, v in batch.items() if k != wire.FRAMES}
-        if self.frame_layout is not None:  # the algorithm computes on the stacks
-            tensors.update(self.frame_layout.stacked({k: tensors[k] for k in self.frame_layout.refs},
-                                                     torch.from_numpy(batch[wire.FRAMES])))
-        computed = self.policy.initial_priorities(tensors)
-        if computed is None:
-            return np.zeros(0, np.float32)
-        priorities = np.empty(rows(batch), np.float32) if assembled is None else assembled.copy()
-        priorities[missing] = computed.numpy()
-        return priorities
-
-    def _send(self, batch: dict[str, np.ndarray], seq: int, version: int, codec: wire.Codec,
-              with_priorities: bool) -> None:
-        assembled = batch.pop(PRIORITY, None)
-        priorities = self._priorities(batch, assembled).tolist() if with_priorities else []
-        self.profile.mark("priorities")
-        games = [pb.GameResult(opponent=g.opponent, outcome=OUTCOME_CODES[g.outcome], seat=g.seat, length=g.length)
-                 for g in self._games]
-        opponents = sorted(self._opponents)
-        self._games.clear()
-        self._opponents = {env.opponent.id for env in self.envs.envs if env.opponent is not None} \
-            if self.pool is not None else set()
+    def _send(self, batch: dict[str, np.ndarray], priorities: list[float], seq: int, version: int,
+              codec: wire.Codec) -> None:
+        games, opponents = self.roles.batch_extras()
         message = wire.encode_batch_message(seq, version, rows(batch), wire.encode_batch(batch, codec),
                                             codec, priorities, games, opponents)
         self.profile.mark("encode")

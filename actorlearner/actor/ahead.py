@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from actorlearner.actor.profile import StepProfile
-from actorlearner.actor.stepping import VectorStep, has_memory
+from actorlearner.actor.stepping import VectorStep
 from actorlearner.algorithms import Policy
 from actorlearner.envs.workers import SharedSteps, copy_into, probe, tree_map
 
@@ -275,7 +275,7 @@ class Ahead:
     def _follow(self, policy: Policy, exploration: Any, version: int) -> None:
         """Send the child what changed since the last step: a new network, tuning, weights, exploration."""
         if policy is not self._policy:
-            if has_memory(policy):
+            if policy.recurrent:
                 raise ValueError(f"vector mode {AHEAD_MODE} needs a policy without memory: use sync or workers")
             self.loop.send("network", (policy.spec, self.seed))
             self._policy, self._config, self._version = policy, policy.config, None

@@ -1,9 +1,9 @@
 """The actor's side of a Connect stream: bounded unacked window, resend on reconnect, latest policy slot.
 
-Every Welcome is applied as an :class:`AppliedWelcome`: the learner's settings and the network they
-describe. Policy updates are decoded here, on the reader thread, against that network's
-state-dict spec, and handed over together with their session, so the env loop never
-loads weights into a network built for another Welcome.
+The link keeps the newest Welcome and hands it over as it came: the actor checks its settings and
+builds its network. Policy updates are decoded here, on the reader thread, and handed over together
+with the Welcome they arrived under, so the actor can check them against that Welcome's network and
+never load weights into a network built for another.
 """
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import grpc
 import torch
 
 from actorlearner import wire
-from actorlearner.algorithms import Policy, fixed_config_json
+from actorlearner.algorithms import fixed_config_json
 from actorlearner.streaming.reconnect import Reconnecting, Refused
 from actorlearner.streaming.service import CONNECT_METHOD
 from actorlearner.transport import SecurityConfig
@@ -35,42 +34,19 @@ class LinkError(Refused):
     sent settings or weights this actor cannot apply."""
 
 
-class SettingsError(ValueError):
-    """A Welcome's settings that this actor cannot apply (raised by a link's ``build_policy``)."""
-
-
-@dataclass(frozen=True, eq=False)
-class AppliedWelcome:
-    """One Welcome as the actor applies it: the learner's settings and the algorithm they name.
-
-    ``policy`` is a fresh policy of the algorithm these settings name (None for a link without
-    ``build_policy``); ``policy_spec`` is what every PolicyUpdate of the session must match.
-    """
-
-    welcome: pb.Welcome
-    policy: Policy | None
-    policy_spec: wire.Spec | None
-
-    @property
-    def settings(self) -> pb.Settings:
-        return self.welcome.settings
-
-    @property
-    def learner_id(self) -> str:
-        return self.welcome.learner_id
-
-
 def policy_key(settings: pb.Settings) -> tuple[str, str]:
     """What decides the network: the algorithm and its config but for the runtime-tunable options."""
     return settings.algorithm, fixed_config_json(settings.algorithm, settings.algorithm_config)
 
 
 class ReceivedPolicy(NamedTuple):
-    """A complete policy update, decoded against the spec of the session it arrived in."""
+    """A complete policy update (decoded, not yet checked against any network) and the Welcome in force
+    when it arrived; ``opponent`` names a league snapshot's."""
 
     version: int
     state: dict[str, torch.Tensor]
-    session: AppliedWelcome
+    welcome: pb.Welcome
+    opponent: str = ""
 
 
 class LearnerLink(Reconnecting):
@@ -83,26 +59,26 @@ class LearnerLink(Reconnecting):
     bytes (see ``wire.encode_batch_message``), so a resend costs no re-encoding: a batch
     keeps its seq, size and codec even when a later Welcome changes the settings.
 
-    ``build_policy`` checks a Welcome's settings and builds a policy of the algorithm they name (on
-    the reader thread); it raises :class:`SettingsError` for settings it cannot apply.
-    Without it (a weights-only client) updates are decoded without an expected spec.
     Once welcomed, every Hello names the algorithm and batch fields of the newest Welcome:
-    what this actor holds. A learner running another algorithm refuses it for good.
+    what this actor holds. A learner running another algorithm refuses it for good; so does
+    the actor (:meth:`refuse`) for settings or weights it cannot apply. ``on_league``, if given,
+    gets each LeagueUpdate and each complete league snapshot (a ReceivedPolicy naming its
+    opponent) in order, on the reader thread; without it they are dropped.
 
     ``Hello.policy_version`` is the version the actor runs, or the newest version of a batch
     in the window if that is newer (a learner restarted from an older checkpoint accepts
     batch versions up to its Hello's). A learner sends no weights for a version the Hello
-    names; when those it has in mind do not fit the new Welcome's network, the link
-    reconnects once with -1 to get them.
+    names; when those it has in mind do not fit the network of the weights the actor holds
+    (:meth:`hold`), the link reconnects once with -1 to get them.
     """
 
     def __init__(self, address: str, hello: pb.Hello, max_message_bytes: int,
                  reconnect_initial: float = 0.1, reconnect_max: float = 5.0, security: SecurityConfig | None = None,
-                 build_policy: Callable[[pb.Welcome], Policy] | None = None):
+                 on_league: Callable[[pb.LeagueUpdate | ReceivedPolicy], None] | None = None):
         super().__init__(address, security, max_message_bytes, reconnect_initial, reconnect_max, "learner-link")
         self.hello = hello
-        self.build_policy = build_policy
-        self.session: AppliedWelcome | None = None  # from the newest Welcome
+        self.on_league = on_league
+        self.welcome: pb.Welcome | None = None  # the newest
         self.welcomed = threading.Event()
         self.connected = False  # a stream is up and welcomed
         self.error: LinkError | None = None
@@ -112,16 +88,14 @@ class LearnerLink(Reconnecting):
         self._unacked: OrderedDict[int, tuple[bytes, int]] = OrderedDict()  # seq -> (message, policy version)
         self._lock = threading.Condition()
         self._requests: queue.Queue | None = None
-        self._policy: ReceivedPolicy | None = None  # always of the current session
-        self._league: pb.LeagueUpdate | None = None  # self-play: the newest league not yet taken
-        self._snapshots: dict[str, dict[str, torch.Tensor]] = {}  # league snapshots' weights not yet taken
+        self._policy: ReceivedPolicy | None = None  # always of the newest Welcome's network
         self._held_version = hello.policy_version
-        self._held_key: tuple[str, str] | None = None  # policy_key of the session whose weights the actor runs
+        self._held_key: tuple[str, str] | None = None  # policy_key of the Welcome whose weights the actor runs
         self._ask_for_weights = False  # the next Hello says -1: the learner withheld weights we need
 
     @property
     def max_unacked(self) -> int:
-        return max(1, self.session.settings.max_unacked) if self.session else 1
+        return max(1, self.welcome.settings.max_unacked) if self.welcome else 1
 
     @property
     def unacked(self) -> int:
@@ -157,26 +131,24 @@ class LearnerLink(Reconnecting):
     def take_policy(self) -> ReceivedPolicy | None:
         """The newest complete policy received since the last call, if any (older ones are skipped).
 
-        It belongs to the session current when it is taken: a Welcome drops any policy of an
-        earlier session that was not taken yet.
+        It fits the network of the Welcome current when it is taken: a Welcome that changes the
+        network drops any policy not taken yet.
         """
         with self._lock:
             policy, self._policy = self._policy, None
             return policy
 
-    def take_league(self) -> tuple[pb.LeagueUpdate | None, dict[str, dict[str, torch.Tensor]]]:
-        """Self-play: the newest LeagueUpdate and the snapshot weights received since the last call."""
-        with self._lock:
-            league, snapshots = self._league, self._snapshots
-            self._league, self._snapshots = None, {}
-            return league, snapshots
-
     def hold(self, policy: ReceivedPolicy) -> None:
-        """The actor now runs ``policy``: its version goes into the next Hello, and its session's
+        """The actor now runs ``policy``: its version goes into the next Hello, and its Welcome's
         network decides whether a Welcome that withholds that version's weights must be asked again."""
         with self._lock:
             self._held_version = policy.version
-            self._held_key = policy_key(policy.session.settings)
+            self._held_key = policy_key(policy.welcome.settings)
+
+    def refuse(self, error: LinkError) -> None:
+        """The actor cannot apply what the learner sent (``error`` says what): stop for good."""
+        self._refused(error)
+        self.close()
 
     def flush(self, timeout: float) -> bool:
         """Wait until every sent batch is acked; False if ``timeout`` passed first."""
@@ -238,10 +210,7 @@ class LearnerLink(Reconnecting):
             self.connected = False
 
     def _read(self, call, assembler: wire.ChunkAssembler, hello_version: int) -> None:
-        """Handle the learner's messages until the stream ends.
-
-        Raises LinkError for settings or weights this actor cannot apply.
-        """
+        """Handle the learner's messages until the stream ends."""
         snapshots = wire.ChunkAssembler(self.max_message_bytes * 64)  # league snapshots' weights (self-play)
         for message in call:
             kind = message.WhichOneof("kind")
@@ -257,8 +226,8 @@ class LearnerLink(Reconnecting):
                 if payload is not None:
                     self._receive_policy(update.version, payload, update.opponent)
             elif kind == "league":
-                with self._lock:
-                    self._league = message.league
+                if self.on_league is not None:
+                    self.on_league(message.league)
             elif kind == "welcome":
                 self._start_session(message.welcome)
                 self.connects += not self.connected
@@ -272,21 +241,12 @@ class LearnerLink(Reconnecting):
                 break
 
     def _start_session(self, welcome: pb.Welcome) -> None:
-        """Make ``welcome`` the session in force: its window applies at once, its network
-        is built here, and a not yet taken policy of the previous session is dropped unless
-        the network stays (a Welcome that changes only runtime-tunable options)."""
-        policy, spec = None, None
-        if self.build_policy is not None:
-            try:
-                policy = self.build_policy(welcome)
-            except SettingsError as exc:
-                raise LinkError(f"learner {welcome.learner_id} at {self.address} sent settings "
-                                f"this actor cannot apply: {exc}") from None
-            spec = wire.state_dict_spec(policy.policy_state_dict())
+        """Make ``welcome`` the newest: its window applies at once, and a not yet taken policy is
+        dropped unless the network stays (a Welcome that changes only runtime-tunable options)."""
         with self._lock:
-            if self.session is None or policy_key(self.session.settings) != policy_key(welcome.settings):
+            if self.welcome is None or policy_key(self.welcome.settings) != policy_key(welcome.settings):
                 self._policy = None
-            self.session = AppliedWelcome(welcome, policy, spec)
+            self.welcome = welcome
             self.hello.algorithm = welcome.settings.algorithm
             self.hello.ClearField("batch_fields")
             self.hello.batch_fields.extend(welcome.batch_fields)
@@ -296,7 +256,7 @@ class LearnerLink(Reconnecting):
         """Whether the learner sends no weights (our Hello named its version) although the
         ones we run do not fit its network; if so, the next Hello asks for them with -1."""
         with self._lock:
-            if (self.build_policy is None or hello_version < 0 or welcome.policy_version != hello_version
+            if (self._held_key is None or hello_version < 0 or welcome.policy_version != hello_version
                     or self._held_key == policy_key(welcome.settings)):
                 return False
             self._ask_for_weights = True
@@ -305,23 +265,18 @@ class LearnerLink(Reconnecting):
         return True
 
     def _receive_policy(self, version: int, payload: bytes, opponent: str = "") -> None:
-        """Decode a complete update against the session's network and put it in the slot (or, for
-        a league snapshot named ``opponent``, with the snapshots)."""
-        session = self.session
-        if session is None:
+        """Decode a complete update and put it in the slot (or, for a league snapshot named ``opponent``,
+        hand it to ``on_league``)."""
+        welcome = self.welcome
+        if welcome is None:
             raise wire.WireError("a policy update came before the Welcome")
-        try:
-            state = wire.decode_state_dict(payload, max_bytes=len(payload), expected=session.policy_spec)
-        except wire.WireError as exc:
-            if exc.code != "FAILED_PRECONDITION":
-                raise
-            raise LinkError(f"learner {session.learner_id} at {self.address} sent policy version {version} "
-                            f"that does not fit the network its Welcome describes: {exc}") from None
+        received = ReceivedPolicy(version, wire.decode_state_dict(payload, max_bytes=len(payload)), welcome, opponent)
+        if opponent:
+            if self.on_league is not None:
+                self.on_league(received)
+            return
         with self._lock:
-            if opponent:
-                self._snapshots[opponent] = state
-            else:
-                self._policy = ReceivedPolicy(version, state, session)
+            self._policy = received
 
     def _refused(self, error: LinkError) -> None:
         with self._lock:

@@ -35,11 +35,6 @@ class VectorStep(NamedTuple):
     version: int  # of the policy that chose the actions
 
 
-def has_memory(policy: Policy) -> bool:
-    """Whether ``policy`` keeps recurrent state per env."""
-    return type(policy).reset_memory is not Policy.reset_memory
-
-
 class Lockstep:
     """Act on every env's observation, then step them all."""
 
@@ -93,7 +88,7 @@ class Pipelined(Lockstep):
         return super().reset(seed)
 
     def step(self, policy: Policy, exploration: Any, version: int) -> VectorStep:
-        if has_memory(policy):  # recurrent: one forward pass over every env
+        if policy.recurrent:  # one forward pass over every env
             return super().step(policy, exploration, version)
         if self._in_flight is None:
             self._in_flight = [self._act_and_start(half, obs, policy, exploration)

@@ -1,7 +1,6 @@
 """RL algorithms as a spec, a policy and a trainer (`base`), resolved by name in `registry`."""
 
 from actorlearner.algorithms.base import (
-           RUNTIME,
            AlgorithmSpec,
            ClassPartsSpec,
            PRIORITY,
@@ -21,6 +20,6 @@ from actorlearner.algorithms.registry import (
            resolve,
 )
 
-__all__ = ["PRIORITY", "RUNTIME", "AlgorithmError", "AlgorithmSpec", "ClassPartsSpec", "FlatState", "Policy", "SampleLike", "Trainer",
+__all__ = ["PRIORITY", "AlgorithmError", "AlgorithmSpec", "ClassPartsSpec", "FlatState", "Policy", "SampleLike", "Trainer",
            "TransitionAssembler", "TransitionFields", "config_json", "fixed_config_json", "make_config", "make_spec",
            "resolve"]

@@ -1,10 +1,11 @@
-"""What Ape-X DQN and R2D2 share: discrete action branches, per-actor Ape-X epsilons, an online Q
-network to act with, and a trainer with a target copy and one Adam optimizer."""
+"""What Ape-X DQN and R2D2 share: discrete action branches, per-actor Ape-X epsilons (and their config
+options), an online Q network to act with, and a trainer with a target copy and one Adam optimizer."""
 
 from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -26,6 +27,7 @@ from actorlearner.algorithms.base import (
     torch_dtype,
     weights,
 )
+from actorlearner.config import RUNTIME
 from actorlearner.networks import ActionBranches, action_branches, leaf_fields
 
 
@@ -36,6 +38,17 @@ def apex_epsilons(num_actors: int, base: float = 0.4, alpha: float = 7.0) -> lis
     if num_actors == 1:
         return [base]
     return [base ** (1.0 + alpha * i / (num_actors - 1)) for i in range(num_actors)]
+
+
+@dataclass
+class ApeXExploration:
+    """The options of `ApeXPolicy`'s per-actor epsilons. A config lists them after its own, so it extends
+    this class and a dataclass of its own options, in that order: ``DQNConfig(ApeXExploration, DQNOptions)``."""
+
+    epsilon_base: float = field(default=0.4, metadata=RUNTIME)
+    """Ape-X exploration: actor i of N uses epsilon_base ** (1 + epsilon_alpha * i / (N - 1))."""
+    epsilon_alpha: float = field(default=7.0, metadata=RUNTIME)
+    """Ape-X exploration exponent (see epsilon_base)."""
 
 
 class GreedyQPolicy(nn.Module):
@@ -72,7 +85,7 @@ class ApeXSpec(ClassPartsSpec):
 
 class ApeXPolicy(Policy):
     """The online Q network, per-actor Ape-X epsilons and epsilon-greedy over all branches together.
-    Its config has ``epsilon_base`` and ``epsilon_alpha``."""
+    Its config is an `ApeXExploration`."""
 
     greedy_policy: ClassVar[type[GreedyQPolicy]] = GreedyQPolicy
 

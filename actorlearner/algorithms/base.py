@@ -20,8 +20,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from actorlearner.config import RUNTIME  # noqa: F401  (algorithm configs mark fields with it)
-
 # Field name -> (per-item shape, dtype). A batch of a field has shape [B, *shape].
 TransitionFields = dict[str, tuple[tuple[int, ...], torch.dtype]]
 # Checkpointable state: flat names -> tensors or plain numbers; storable without pickle.

@@ -19,7 +19,6 @@ import torch
 from torch import Tensor, nn
 
 from actorlearner.algorithms.base import (
-    RUNTIME,
     CapturableTrainer,
     ClassPartsSpec,
     FlatState,
@@ -38,6 +37,7 @@ from actorlearner.algorithms.base import (
 )
 from actorlearner.algorithms.nstep import NStepAssembler, nstep_fields
 from actorlearner.checkpoint.generator import generator_keys, generator_state, load_generator_state
+from actorlearner.config import RUNTIME
 from actorlearner.networks import (
     ObservationEncoder,
     UnsupportedSpace,

@@ -23,10 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from actorlearner.algorithms.apex import ApeXPolicy, ApeXSpec, ApeXTrainer
+from actorlearner.algorithms.apex import ApeXExploration, ApeXPolicy, ApeXSpec, ApeXTrainer
 from actorlearner.algorithms.base import (
     PRIORITY,
-    RUNTIME,
     Policy,
     SampleLike,
     TransitionFields,
@@ -34,6 +33,7 @@ from actorlearner.algorithms.base import (
     clip_gradients,
 )
 from actorlearner.algorithms.nstep import NStepAssembler, nstep_fields
+from actorlearner.config import RUNTIME
 from actorlearner.networks import (
     ActionBranches,
     BranchingDuelingHead,
@@ -46,8 +46,8 @@ from actorlearner.networks.leaves import leaf_splitter
 
 
 @dataclass
-class DQNConfig:
-    """Ape-X DQN hyperparameters; the defaults solve CartPole-v1."""
+class DQNOptions:
+    """Ape-X DQN's own hyperparameters (`DQNConfig` adds the exploration's)."""
 
     hidden_sizes: tuple[int, ...] = (128, 128)
     """Widths of the MLP torso's hidden layers (after the per-leaf encoders and image conv torsos)."""
@@ -71,10 +71,11 @@ class DQNConfig:
     """Where the Huber loss turns from quadratic to linear."""
     priority_eps: float = field(default=1e-6, metadata=RUNTIME)
     """Added to |TD| so that no item's priority is zero."""
-    epsilon_base: float = field(default=0.4, metadata=RUNTIME)
-    """Ape-X exploration: actor i of N uses epsilon_base ** (1 + epsilon_alpha * i / (N - 1))."""
-    epsilon_alpha: float = field(default=7.0, metadata=RUNTIME)
-    """Ape-X exploration exponent (see epsilon_base)."""
+
+
+@dataclass
+class DQNConfig(ApeXExploration, DQNOptions):
+    """Ape-X DQN hyperparameters; the defaults solve CartPole-v1."""
 
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(int(h) for h in self.hidden_sizes)

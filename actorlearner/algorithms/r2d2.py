@@ -20,10 +20,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from actorlearner.algorithms.apex import ApeXPolicy, ApeXSpec, ApeXTrainer, GreedyQPolicy
-from actorlearner.algorithms.base import RUNTIME, Policy, SampleLike, TransitionFields, check_common_config, clip_gradients
+from actorlearner.algorithms.apex import ApeXExploration, ApeXPolicy, ApeXSpec, ApeXTrainer, GreedyQPolicy
+from actorlearner.algorithms.base import Policy, SampleLike, TransitionFields, check_common_config, clip_gradients
 from actorlearner.algorithms.sequence import SequenceAssembler, sequence_fields
 from actorlearner.algorithms.sequence_math import n_step_targets, sequence_priorities
+from actorlearner.config import RUNTIME
 from actorlearner.networks import (
     ActionBranches,
     BranchingDuelingHead,
@@ -36,8 +37,8 @@ from actorlearner.networks import (
 
 
 @dataclass
-class R2D2Config:
-    """R2D2 hyperparameters; the defaults solve the tests' memory task and CartPole without velocities."""
+class R2D2Options:
+    """R2D2's own hyperparameters (`R2D2Config` adds the exploration's)."""
 
     hidden_sizes: tuple[int, ...] = (128,)
     """Widths of the MLP torso before the recurrent core (after the per-leaf encoders)."""
@@ -69,10 +70,11 @@ class R2D2Config:
     """Global gradient norm clip."""
     priority_eps: float = field(default=1e-6, metadata=RUNTIME)
     """Added to priorities so that no sequence's is zero."""
-    epsilon_base: float = field(default=0.4, metadata=RUNTIME)
-    """Ape-X exploration: actor i of N uses epsilon_base ** (1 + epsilon_alpha * i / (N - 1))."""
-    epsilon_alpha: float = field(default=7.0, metadata=RUNTIME)
-    """Ape-X exploration exponent (see epsilon_base)."""
+
+
+@dataclass
+class R2D2Config(ApeXExploration, R2D2Options):
+    """R2D2 hyperparameters; the defaults solve the tests' memory task and CartPole without velocities."""
 
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(int(h) for h in self.hidden_sizes)

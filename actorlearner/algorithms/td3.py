@@ -18,7 +18,7 @@ import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
-from actorlearner.algorithms.base import RUNTIME, SampleLike
+from actorlearner.algorithms.base import SampleLike
 from actorlearner.algorithms.continuous import (
     Batch,
     ContinuousConfig,
@@ -26,6 +26,7 @@ from actorlearner.algorithms.continuous import (
     ContinuousSpec,
     ContinuousTrainer,
 )
+from actorlearner.config import RUNTIME
 from actorlearner.networks import ObservationEncoder
 
 

@@ -8,13 +8,13 @@ from actorlearner.wire.arrays import (DEFAULT_MAX_BYTES, DTYPES, MAX_RANK, TORCH
                                       decode_array, encode_array, np_dtype)
 from actorlearner.wire.batches import FRAMES, Codec, decode_batch, decode_priorities, encode_batch, encode_batch_message
 from actorlearner.v1 import learner_pb2
-from actorlearner.wire.weights import (ChunkAssembler, decode_state_dict, encode_state_dict, split_chunks,
-                                       state_dict_spec)
+from actorlearner.wire.weights import (ChunkAssembler, check_state_dict, decode_state_dict, encode_state_dict,
+                                       split_chunks, state_dict_spec)
 
 PROTOCOL_VERSION: int = learner_pb2.PROTOCOL_VERSION
 """Version of the actor <-> learner protocol (``Hello.protocol_version``): the proto's ``Protocol`` enum holds it."""
 
 __all__ = ["DEFAULT_MAX_BYTES", "DTYPES", "FRAMES", "MAX_RANK", "PROTOCOL_VERSION", "TORCH_DTYPES", "ChunkAssembler", "Codec",
-           "Spec", "WireError", "decode_array", "decode_batch", "decode_priorities", "decode_state_dict",
+           "Spec", "WireError", "check_state_dict", "decode_array", "decode_batch", "decode_priorities", "decode_state_dict",
            "encode_array", "encode_batch", "encode_batch_message", "encode_state_dict", "np_dtype", "split_chunks",
            "state_dict_spec"]

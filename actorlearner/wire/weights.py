@@ -47,16 +47,23 @@ def decode_state_dict(
         except WireError as e:
             raise WireError(f"parameter {name!r}: {e}", e.code) from None
         if expected is not None:
-            shape, dtype = expected[name]
-            want_shape, want_dtype = tuple(map(int, shape)), np_dtype(dtype)
-            if array.shape != want_shape or array.dtype != want_dtype:
-                raise WireError(
-                    f"parameter {name!r} is {array.dtype}{list(array.shape)}, "
-                    f"expected {want_dtype}{list(want_shape)}",
-                    "FAILED_PRECONDITION",
-                )
+            _check_parameter(name, array.shape, array.dtype, expected[name])
         out[name] = torch.from_numpy(array)
     return out
+
+
+def check_state_dict(state: Mapping[str, torch.Tensor], expected: Spec) -> None:
+    """What ``decode_state_dict(..., expected=expected)`` checks, for a state dict decoded without it."""
+    check_keys(state, expected, "parameter", "FAILED_PRECONDITION")
+    for name, tensor in state.items():
+        _check_parameter(name, tuple(tensor.shape), np_dtype(tensor.dtype), expected[name])
+
+
+def _check_parameter(name: str, shape: tuple[int, ...], dtype: Any, expected: tuple) -> None:
+    want_shape, want_dtype = tuple(map(int, expected[0])), np_dtype(expected[1])
+    if shape != want_shape or dtype != want_dtype:
+        raise WireError(f"parameter {name!r} is {dtype}{list(shape)}, expected {want_dtype}{list(want_shape)}",
+                        "FAILED_PRECONDITION")
 
 
 def state_dict_spec(
