@@ -121,7 +121,7 @@ def random_columns(fields, n: int, rng: np.random.Generator) -> dict[str, np.nda
 
 def fill(learner, rng: np.random.Generator) -> None:
     """Fill the replay to capacity in ~64 MB adds (straight into the buffer: the seq table stays empty)."""
-    replay = learner.replay
+    replay = learner.replay.buffer
     row_bytes = sum(a.nbytes for a in random_columns(learner.fields, 1, rng).values())
     block = random_columns(learner.fields, min(replay.capacity, max(1, (64 << 20) // row_bytes)), rng)
     while replay.inserted < replay.capacity:
@@ -144,9 +144,9 @@ def measure(case_name: str, runs: int, workdir: str) -> dict:
     learner = Learner(config)
     rng = np.random.default_rng(0)
     fill(learner, rng)
-    lock = TimedLock(learner.replay_lock)
-    for part in (learner, learner.registry, learner.ingestion, learner.training):  # each holds the replay's lock
-        part.replay_lock = lock
+    service = learner.replay  # every holder of the replay's lock takes it through the service
+    lock = service._lock = TimedLock(service._lock)
+    service.inserts_changed = threading.Condition(lock)
     payload = wire.encode_batch(random_columns(learner.fields, BATCH, rng))
     batch = pb.ActorMessage.FromString(wire.encode_batch_message(0, 0, BATCH, payload, wire.Codec.MSGPACK,
                                                                 [1.0] * BATCH)).batch

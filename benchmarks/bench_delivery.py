@@ -155,15 +155,15 @@ def measure(actors: int, relays: int, args, payload: bytes) -> dict:
                     raise RuntimeError("simulated actors did not all connect")
             time.sleep(args.warmup)
             published: dict[int, float] = {}
-            cpu0, wall0, stored0 = time.process_time(), time.monotonic(), learner.inserted_batches
+            cpu0, wall0, stored0 = time.process_time(), time.monotonic(), learner.ingestion.inserted_batches
             for _ in range(args.versions):
-                learner.version += 1
+                learner.progress.version += 1
                 published[learner.version] = time.monotonic()
-                learner.publish()
+                learner.training.publish(); learner.publishing.flush()
                 time.sleep(args.publish_interval)
             time.sleep(args.drain)
             cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
-            batches = learner.inserted_batches - stored0
+            batches = learner.ingestion.inserted_batches - stored0
             stored = batches * args.transitions
             stop.set()
             logs = [log for _ in procs for log in received.get(timeout=120)]

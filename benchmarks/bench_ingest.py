@@ -268,7 +268,7 @@ def run_ours(clients: Clients, args, n: int, message_bytes: int) -> tuple[float,
     with learner_server(learner, args.server) as port:
         hello = pb.Hello(protocol_version=wire.PROTOCOL_VERSION, algorithm="dqn", env_spec=learner.env_spec,
                          policy_version=-1)
-        batches_per_s, cpu = clients.run("ours", f"127.0.0.1:{port}", hello, lambda: learner.inserted_batches,
+        batches_per_s, cpu = clients.run("ours", f"127.0.0.1:{port}", hello, lambda: learner.ingestion.inserted_batches,
                                          args.warmup, args.seconds)
     return batches_per_s * message_bytes, cpu
 

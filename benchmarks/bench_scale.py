@@ -123,7 +123,7 @@ def aggregate_rate(streams: int, args, payload: bytes, n: int) -> float:
             procs.append(ctx.Process(target=client_process, daemon=True,
                                      args=(f"127.0.0.1:{port}", hello, first, share, payload, n, args.window, stop, ready)))
             first += share
-        batches_per_s = measure(lambda: learner.inserted_batches, procs, stop, readies, args.warmup, args.seconds)
+        batches_per_s = measure(lambda: learner.ingestion.inserted_batches, procs, stop, readies, args.warmup, args.seconds)
     return batches_per_s * n
 
 

@@ -58,8 +58,8 @@ def insert(learner: Learner, actor_id: str, seq: int, n: int = 32) -> None:
 
 
 def shard(learner: Learner) -> dict:
-    return {"replay": digest(learner.replay.state_dict()), "size": len(learner.replay),
-            "seq_table": dict(learner.registry.seq_table), "limiter": learner.limiter.state_dict()}
+    return {"replay": digest(learner.replay.buffer.state_dict()), "size": len(learner.replay),
+            "seq_table": dict(learner.replay.seq_table), "limiter": learner.replay.limiter.state_dict()}
 
 
 def main(rank: int, world: int, address: str, checkpoint_dir: str, steps: int, out: str, algorithm: str) -> None:
@@ -70,12 +70,12 @@ def main(rank: int, world: int, address: str, checkpoint_dir: str, steps: int, o
     learner = Learner(config)
     result = {"restored": {"algorithm": digest(learner.algorithm.state_dict()), "updates": learner.updates,
                            "version": learner.version, **shard(learner)}}
-    first = learner.registry.seq_table.get(f"rank-{rank}", 0)
+    first = learner.replay.seq_table.get(f"rank-{rank}", 0)
     for seq in range(first + 1, first + 5):
         insert(learner, f"rank-{rank}", seq)
     result["steps"] = []
     for _ in range(steps):
-        assert learner.train_step()
+        assert learner.training.train_step()
         result["steps"].append({"algorithm": digest(learner.algorithm.state_dict()), "version": learner.version,
                                 "updates": learner.updates, "policy": hashlib.sha256(learner.broadcast.payload).hexdigest()})
     learner.checkpoint()

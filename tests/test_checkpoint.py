@@ -402,26 +402,26 @@ def test_a_resumed_learner_continues_exactly_where_the_checkpoint_was(tmp_path, 
     for seq in range(1, 9):
         assert ingest(first, "a", seq)
     for _ in range(12):  # past a target sync and a few published versions
-        assert first.train_step()
+        assert first.training.train_step()
     first.checkpoint()
     assert torch.get_rng_state().shape[0] > 0
-    want_sample = first.replay.sample(32)
-    assert first.train_step()
+    want_sample = first.replay.buffer.sample(32)
+    assert first.training.train_step()
     want_params = {k: v.clone() for k, v in first.algorithm.state_dict().items() if isinstance(v, torch.Tensor)}
 
     torch.manual_seed(12345)  # a fresh process would not share the first learner's generator state
     resumed = Learner(config)
     assert (resumed.version, resumed.updates) == (12 // 5, 12)
-    assert resumed.limiter.state_dict() == {"inserts": 8 * 32, "samples": 12 * 32, "shift": 0.0}
+    assert resumed.replay.limiter.state_dict() == {"inserts": 8 * 32, "samples": 12 * 32, "shift": 0.0}
     assert len(resumed.replay) == 8 * 32 and resumed.broadcast.version == 12 // 5
-    got_sample = resumed.replay.sample(32)
+    got_sample = resumed.replay.buffer.sample(32)
     assert torch.equal(got_sample.indices, want_sample.indices)  # same generator state, priorities and beta
     assert torch.equal(got_sample.weights, want_sample.weights)
-    assert resumed.train_step()
+    assert resumed.training.train_step()
     for key, value in resumed.algorithm.state_dict().items():
         if isinstance(value, torch.Tensor):
             assert torch.equal(value, want_params[key]), key
-    assert resumed.limiter.state_dict() == first.limiter.state_dict()
+    assert resumed.replay.limiter.state_dict() == first.replay.limiter.state_dict()
     # The seq table came back: an acked batch resent after the restart is a duplicate, a new one is not.
     assert not ingest(resumed, "a", 8) and not ingest(resumed, "a", 3)
     assert ingest(resumed, "a", 9) and ingest(resumed, "b", 1)
@@ -476,12 +476,12 @@ def test_without_the_replay_the_limiter_starts_afresh(tmp_path):
     first = Learner(config)
     for seq in range(1, 4):
         ingest(first, "a", seq)
-    assert first.train_step()
+    assert first.training.train_step()
     first.checkpoint()
     resumed = Learner(config)
     assert len(resumed.replay) == 0 and resumed.updates == 1
-    assert resumed.limiter.state_dict() == {"inserts": 0, "samples": 0, "shift": 0.0}  # min_replay_size applies again
-    assert not resumed.limiter.can_sample()
+    assert resumed.replay.limiter.state_dict() == {"inserts": 0, "samples": 0, "shift": 0.0}  # min_replay_size applies again
+    assert not resumed.replay.limiter.can_sample()
     assert not ingest(resumed, "a", 3)  # acked before the checkpoint: still a duplicate
 
 
@@ -505,7 +505,7 @@ def test_evaluating_leaves_the_trainers_generator_alone(tmp_path):
     """Evaluations run on their own thread: they must not reseed or advance the generator replay sampling uses."""
     learner = Learner(learner_config(tmp_path, eval_episodes=2, eval_envs=2))
     before = torch.get_rng_state()
-    learner.evaluate()
+    learner.evaluation.evaluate()
     assert torch.equal(torch.get_rng_state(), before)
 
 
@@ -592,7 +592,7 @@ def pause_each_chunk_read(monkeypatch, learner: Learner, ingester: Ingester, bat
     ``ingester`` stored ``batches`` more. Returns, per read, the checkpoint directory's entries then
     as (is a temp dir, has a manifest)."""
     seen: list[list[tuple[bool, bool]]] = []
-    take_snapshot = learner.replay.snapshot
+    take_snapshot = learner.replay.buffer.snapshot
 
     def snapshot(*args, **kwargs):
         taken = take_snapshot(*args, **kwargs)
@@ -603,13 +603,13 @@ def pause_each_chunk_read(monkeypatch, learner: Learner, ingester: Ingester, bat
             ingester.allow(batches)
             assert wait_for(lambda: ingester.stored >= target or ingester.error is not None, 60), "ingest is stuck"
             seen.append([(p.name.startswith(".tmp-"), (p / "manifest.json").exists())
-                         for p in learner.checkpoints.directory.iterdir()])
+                         for p in learner.checkpoints.store.directory.iterdir()])
             return read(*read_args)
 
         taken.read = read_after_inserts
         return taken
 
-    monkeypatch.setattr(learner.replay, "snapshot", snapshot)
+    monkeypatch.setattr(learner.replay.buffer, "snapshot", snapshot)
     return seen
 
 
@@ -666,7 +666,7 @@ def test_a_checkpoint_taken_during_ingest_holds_exactly_the_batches_its_seq_tabl
     assert torch.equal(replay["field.next_obs"][order], obs + 0.5)
     assert torch.equal(replay["field.reward"][order], obs[:, 1])
     assert torch.equal(replay["field.action"][order], obs[:, 1].long() % 2)
-    want_priorities = (obs[:, 1].double() % 7 + 1 + learner.replay.eps) ** config.alpha
+    want_priorities = (obs[:, 1].double() % 7 + 1 + learner.replay.buffer.eps) ** config.alpha
     torch.testing.assert_close(replay["priorities"][order], want_priorities, rtol=1e-12, atol=0)
 
     # Exactly once across a restore: what the table acked is a duplicate, the next seq is new.

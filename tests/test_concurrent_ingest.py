@@ -11,7 +11,7 @@ from actorlearner import wire
 from actorlearner.config import LearnerConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.server import serve
-from actorlearner.replay import PrioritizedReplay
+from actorlearner.replay import PrioritizedReplay, make_replay
 from procs import wait_until
 from streams import RawStream, batch, hello
 
@@ -34,7 +34,7 @@ def drawn(buf: PrioritizedReplay, calls: int = 40) -> dict[int, int]:
 
 
 def test_reserved_slots_stay_hidden_until_committed_and_inserts_interleave(replay_path):
-    buf = PrioritizedReplay(20, FIELDS, **replay_path)
+    buf = make_replay(20, FIELDS, **replay_path)
     old = buf.add(items(0, 20))  # full: the next two inserts overwrite slots 0-4 and 5-9
     first, second = buf.reserve(items(100, 5)), buf.reserve(items(200, 5))
     assert buf.pending == 2
@@ -63,27 +63,27 @@ def test_a_batch_is_stored_while_another_insert_is_open_and_a_checkpoint_waits_f
     slow = batch(1, n=64).batch
     slow_items = wire.decode_batch(slow.payload, slow.codec, learner.fields, slow.num_transitions)
     with serve(learner, "127.0.0.1", 0) as port:
-        with learner.replay_lock:
-            open_insert = learner.replay.reserve(slow_items)
+        with learner.replay.locked():
+            open_insert = learner.replay.buffer.reserve(slow_items)
         stream = RawStream(f"127.0.0.1:{port}", hello("fast"), *(batch(seq, n=32) for seq in (1, 2, 3)))
         try:
             acks = [stream.next("ack").ack for _ in range(3)]
             assert [(a.seq, a.accepted) for a in acks] == [(1, True), (2, True), (3, True)]
-            assert learner.inserted_batches == 3 and learner.replay.pending == 1
+            assert learner.ingestion.inserted_batches == 3 and learner.replay.buffer.pending == 1
 
             checkpoint = threading.Thread(target=learner.checkpoint)
             checkpoint.start()
-            wait_until(lambda: learner.ingestion.gate_closed, 30, "the checkpoint to wait for the open insert")
+            wait_until(lambda: learner.replay.gate_closed, 30, "the checkpoint to wait for the open insert")
             stream.send(batch(4, n=32))  # a new insert: held at the gate until the checkpoint's instant
             assert checkpoint.is_alive()
-            learner.replay.write(open_insert)
-            with learner.replay_lock:
-                learner.replay.commit(open_insert)
-                learner.ingestion.inserts_changed.notify_all()
+            learner.replay.buffer.write(open_insert)
+            with learner.replay.locked():
+                learner.replay.buffer.commit(open_insert)
+                learner.replay.inserts_changed.notify_all()
             checkpoint.join(60)
             assert not checkpoint.is_alive()
             assert stream.next("ack").ack.seq == 4  # the gate opened again
         finally:
             stream.close()
     restored = Learner(config)  # from the checkpoint: the open insert whole and batches 1-3, not batch 4
-    assert len(restored.replay) == 64 + 3 * 32 and restored.registry.seq_table == {"fast": 3}
+    assert len(restored.replay) == 64 + 3 * 32 and restored.replay.seq_table == {"fast": 3}

@@ -66,8 +66,8 @@ def test_status_inserted_counts_stored_batches_not_acks(served):
 
 def test_actor_version_is_its_hello_then_its_reports_and_never_ahead_of_the_learner(served):
     learner, address = served
-    learner.version = 3
-    learner.publish()
+    learner.progress.version = 3
+    learner.training.publish(); learner.publishing.flush()
     stream = RawStream(address, hello("reporter", policy_version=1), batch(1, policy_version=2))
     stream.next("ack")
     [actor] = learner.status().actors

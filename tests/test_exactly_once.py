@@ -72,7 +72,7 @@ def test_cut_streams_lose_nothing_acked_and_insert_nothing_twice(learner):
             proxy.stall(up_after=None if acks_lost else 0, down_after=0 if acks_lost else None)
             send(HELD)
             if acks_lost:
-                wait_until(lambda: learner.inserted_batches == seq, 60, "the learner to store the held batches")
+                wait_until(lambda: learner.ingestion.inserted_batches == seq, 60, "the learner to store the held batches")
             in_flight_at_cut.append(link.unacked)
             proxy.cut()
             proxy.resume()
@@ -82,11 +82,11 @@ def test_cut_streams_lose_nothing_acked_and_insert_nothing_twice(learner):
         proxy.close()
 
     assert in_flight_at_cut == [HELD] * CUTS and link.reconnects >= CUTS
-    state = learner.replay.state_dict()
+    state = learner.replay.buffer.state_dict()
     obs = state["field.obs"].numpy().reshape(len(learner.replay), -1)
     counts = np.bincount(obs[:, 0].astype(np.int64), minlength=SEQS + 1)
     assert (counts[1:] == BATCH).all(), f"per-seq item counts: {dict(enumerate(counts))}"
-    assert len(learner.replay) == BATCH * SEQS and learner.inserted_batches == SEQS
+    assert len(learner.replay) == BATCH * SEQS and learner.ingestion.inserted_batches == SEQS
     for seq in range(1, SEQS + 1):  # every transition of every batch, once
         rows = np.sort(obs[obs[:, 0] == seq, 1])
         assert np.array_equal(rows, np.arange(BATCH))
@@ -127,7 +127,7 @@ def test_the_learners_own_network_goes_out_in_chunks_and_loads_on_an_actor(algor
     learner = Learner(LearnerConfig(env="CartPole-v1", eval_every=0, chunk_bytes=4096, **ALGORITHMS[algorithm]))
     with serve(learner, "127.0.0.1", 0) as port:
         link = LearnerLink(f"127.0.0.1:{port}", make_hello(learner, "chunks"), 16 << 20).start()
-        learner.publish()
+        learner.training.publish(); learner.publishing.flush()
         assert len(learner.broadcast.latest()[1]) > 3
         got = wait_until(lambda: (p := link.take_policy()) and p.version == learner.version and p, 60,
                          "the policy to arrive")

@@ -746,14 +746,14 @@ def one_message(the_learner, stream, raw: bytes) -> None:
         assert refusal is None or (isinstance(refusal, Refusal) and refusal.reason)
         event(f"hello {'refused ' + refusal.code if refusal else 'accepted'}")
     elif kind == "batch":
-        before, size = the_learner.inserted_batches, len(the_learner.replay)
+        before, size = the_learner.ingestion.inserted_batches, len(the_learner.replay)
         inserted = typed(the_learner.ingest, stream, message.batch, allowed=(WireError, ValueError))
         event(f"batch {'inserted' if inserted else 'duplicate' if inserted is False else 'rejected'}")
         if inserted:
-            assert the_learner.inserted_batches == before + 1
-            assert len(the_learner.replay) == min(size + message.batch.num_transitions, the_learner.replay.capacity)
+            assert the_learner.ingestion.inserted_batches == before + 1
+            assert len(the_learner.replay) == min(size + message.batch.num_transitions, the_learner.replay.buffer.capacity)
         else:
-            assert (the_learner.inserted_batches, len(the_learner.replay)) == (before, size)
-        assert the_learner.limiter.inserts == the_learner.replay.inserted  # nothing counted that was not stored
+            assert (the_learner.ingestion.inserted_batches, len(the_learner.replay)) == (before, size)
+        assert the_learner.replay.limiter.inserts == the_learner.replay.buffer.inserted  # nothing counted that was not stored
     elif kind == "episode_stats":
         the_learner.record_episodes(stream, message.episode_stats)

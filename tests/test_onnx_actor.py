@@ -74,8 +74,8 @@ def scramble(learner: Learner, seed: int) -> None:
     with torch.no_grad():
         for param in learner.algorithm.online.parameters():
             param.copy_(torch.randn(param.shape, generator=generator) * 2 / max(param[0].numel(), 1) ** 0.5)
-    learner.version += 1
-    learner.publish()
+    learner.progress.version += 1
+    learner.training.publish(); learner.publishing.flush()
 
 
 def test_an_onnx_actor_runs_each_new_version_as_the_learner_s_greedy_policy_without_actorlearner(tmp_path):

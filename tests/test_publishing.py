@@ -158,13 +158,13 @@ def test_the_learner_publishes_from_its_training_loop_without_waiting_and_at_onc
         assert learner.broadcast.version == 0  # the start-up publish is out when the learner is built
         with HostTraffic(learner.algorithm) as traffic:  # publishing touches the trainer's tensors only
             for _ in range(3):
-                learner.version += 1
+                learner.progress.version += 1
                 learner.training.publish()
         assert traffic.blocking() == 0 and traffic.counts["d2h_async"] > 0, traffic.calls
         learner.publishing.flush()
         assert (learner.broadcast.version, learner.broadcast.serializations) == (3, 4)
-        learner.version += 1
-        learner.publish()
+        learner.progress.version += 1
+        learner.training.publish(); learner.publishing.flush()
         assert learner.broadcast.version == 4
         got = wire.decode_state_dict(learner.broadcast.payload)
         for name, value in learner.algorithm.policy_state_dict().items():

@@ -68,10 +68,10 @@ def get_status(port: int, security: SecurityConfig | None = None) -> pb.StatusRe
 
 def stored_once(learner: Learner, seqs: int) -> None:
     """Every item of batches 1..seqs is in the replay exactly once (batch_for marks them (seq, i))."""
-    obs = learner.replay.state_dict()["field.obs"].numpy().reshape(len(learner.replay), -1)
+    obs = learner.replay.buffer.state_dict()["field.obs"].numpy().reshape(len(learner.replay), -1)
     counts = np.bincount(obs[:, 0].astype(np.int64), minlength=seqs + 1)
     assert (counts[1:] == BATCH).all(), f"per-seq item counts: {dict(enumerate(counts))}"
-    assert len(learner.replay) == BATCH * seqs and learner.inserted_batches == seqs
+    assert len(learner.replay) == BATCH * seqs and learner.ingestion.inserted_batches == seqs
     for seq in range(1, seqs + 1):
         assert np.array_equal(np.sort(obs[obs[:, 0] == seq, 1]), np.arange(BATCH))
 
@@ -100,8 +100,8 @@ def test_a_chain_of_relays_carries_batches_acks_policies_and_status(capsys):
             send(link, learner, range(first, first + 30))
         for link in links:
             assert link.flush(timeout=60), f"{link.unacked} batches never acked"
-        learner.version += 1
-        learner.publish()
+        learner.progress.version += 1
+        learner.training.publish(); learner.publishing.flush()
         for link in links:
             wait_until(lambda: (p := link.take_policy()) and p.version == learner.version, 60, "the new version")
         indices = sorted(link.welcome.settings.actor_index for link in links)
@@ -134,7 +134,7 @@ def test_a_chain_of_relays_carries_batches_acks_policies_and_status(capsys):
             link.close()
         wait_until(lambda: not any(s.connected for s in learner.status().actors if not s.relay), 30,
                    "the actors to leave the learner through the relays")
-    obs = learner.replay.state_dict()["field.obs"].numpy()
+    obs = learner.replay.buffer.state_dict()["field.obs"].numpy()
     assert len(learner.replay) == 60 * BATCH and sorted(set(obs.reshape(60 * BATCH, -1)[:, 0])) == \
         [*range(1, 31), *range(101, 131)]
 
@@ -160,7 +160,7 @@ def test_the_learner_refuses_bad_actors_behind_a_relay_one_by_one():
         send(good, learner, range(1, 4))
         assert good.flush(timeout=60)
         good.close()
-        assert relay.connects == 1 and learner.inserted_batches == 3
+        assert relay.connects == 1 and learner.ingestion.inserted_batches == 3
 
 
 def _spaces(env_id: str):
@@ -221,7 +221,7 @@ def test_exactly_once_through_cuts_on_both_sides_and_a_relay_killed_and_restarte
                 send(link, learner, range(seqs + 1, seqs + held + 1))
                 seqs += held
                 if acks_lost:
-                    wait_until(lambda: learner.inserted_batches == seqs, 60, "the learner to store the held batches")
+                    wait_until(lambda: learner.ingestion.inserted_batches == seqs, 60, "the learner to store the held batches")
                 assert link.unacked == held
                 if proxy is None:
                     nonlocal relay
@@ -300,7 +300,7 @@ def test_an_actor_that_moves_from_a_relay_to_the_learner_resends_and_nothing_is_
             assert link.flush(timeout=60)
             network.stall(up_after=None, down_after=0)
             send(link, learner, range(11, 15))
-            wait_until(lambda: learner.inserted_batches == 14, 60, "the learner to store the held batches")
+            wait_until(lambda: learner.ingestion.inserted_batches == 14, 60, "the learner to store the held batches")
             network.target_port = port  # the next connection reaches the learner itself
             network.cut()
             network.resume()
@@ -327,7 +327,7 @@ def test_actor_id_on_an_actors_own_stream_is_invalid_argument(through_relay):
                 for _ in stream:
                     pass
         assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "relay" in ended.value.details()
-        assert learner.inserted_batches == 0
+        assert learner.ingestion.inserted_batches == 0
 
 
 def test_a_message_over_the_learners_limit_ends_that_actors_stream_at_the_relay_alone():
@@ -346,4 +346,4 @@ def test_a_message_over_the_learners_limit_ends_that_actors_stream_at_the_relay_
         send(good, learner, range(1, 4))
         assert good.flush(timeout=60)
         good.close()
-        assert relay.connects == 1 and learner.inserted_batches == 3
+        assert relay.connects == 1 and learner.ingestion.inserted_batches == 3

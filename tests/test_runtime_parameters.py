@@ -20,7 +20,7 @@ from actorlearner.config import ActorConfig, LearnerConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.parameters import ParameterError
 from actorlearner.learner.server import serve
-from actorlearner.replay import PrioritizedReplay, RateLimiter
+from actorlearner.replay import RateLimiter, make_replay
 from actorlearner.transport import SecurityConfig
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
@@ -51,8 +51,8 @@ def set_in_process(port: int, *assignments: str, capsys) -> tuple[int, str]:
 def tunable_state(learner: Learner) -> tuple:
     """Everything a SetParameters request may change (a tensor lr, as on CUDA, read as its value)."""
     return (learner.config, learner.algorithm_config, learner.algorithm.config,
-            [float(g["lr"]) for g in learner.algorithm.optimizer.param_groups], learner.limiter.samples_per_insert,
-            learner.limiter.diff, learner.replay.alpha, learner.replay.beta0, dict(learner.changed_parameters),
+            [float(g["lr"]) for g in learner.algorithm.optimizer.param_groups], learner.replay.limiter.samples_per_insert,
+            learner.replay.limiter.diff, learner.replay.buffer.alpha, learner.replay.buffer.beta0, dict(learner.changed_parameters),
             learner.settings_version, learner.spec().algorithm_config)
 
 
@@ -74,14 +74,14 @@ def test_set_changes_lr_and_epsilon_on_a_running_learner_and_its_actor_and_they_
             assert "dqn-lr: 0.0005 -> 0.0001" in done.stdout and "dqn-epsilon-base: 0.4 -> 0.05" in done.stdout
 
             assert [g["lr"] for g in learner.algorithm.optimizer.param_groups] == [1e-4]
-            assert learner.limiter.samples_per_insert == 4.0
+            assert learner.replay.limiter.samples_per_insert == 4.0
             wait_until(lambda: actor.exploration == pytest.approx(0.05), 60, "the actor's new epsilon")
             # Only runtime options changed: the same stream, network, weights and n-step episodes.
             assert actor.link.welcomes == welcomes + 1 and actor.link.reconnects == 0
             assert actor.policy is network and actor.assembler is assembler and actor.policy_version >= 0
             assert actor.policy.config.epsilon_base == 0.05
-            inserted = learner.inserted_batches
-            wait_until(lambda: learner.inserted_batches > inserted + 2, 60, "batches after the change")
+            inserted = learner.ingestion.inserted_batches
+            wait_until(lambda: learner.ingestion.inserted_batches > inserted + 2, 60, "batches after the change")
 
             with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
                 stub = pb_grpc.LearnerStub(channel)
@@ -101,12 +101,12 @@ def test_set_changes_lr_and_epsilon_on_a_running_learner_and_its_actor_and_they_
 
     resumed = Learner(learner_config(tmp_path))  # started with the original flags: the changes win
     assert [g["lr"] for g in resumed.algorithm.optimizer.param_groups] == [1e-4]
-    assert resumed.algorithm.config.epsilon_base == 0.05 and resumed.limiter.samples_per_insert == 4.0
+    assert resumed.algorithm.config.epsilon_base == 0.05 and resumed.replay.limiter.samples_per_insert == 4.0
     assert resumed.changed_parameters == {"dqn-lr": "0.0001", "dqn-epsilon-base": "0.05", "samples-per-insert": "4.0"}
     assert '"epsilon_base": 0.05' in resumed.spec().algorithm_config
-    assert resumed.limiter.diff == pytest.approx(learner.limiter.diff
-                                                 - (learner.limiter.inserts - resumed.limiter.inserts) * 4.0)
-    resumed.telemetry.close()
+    assert resumed.replay.limiter.diff == pytest.approx(learner.replay.limiter.diff
+                                                 - (learner.replay.limiter.inserts - resumed.replay.limiter.inserts) * 4.0)
+    resumed.progress.telemetry.close()
 
 
 def test_a_bad_name_or_value_is_refused_with_the_reason_and_nothing_changes(tmp_path, capsys):
@@ -140,7 +140,7 @@ def test_learner_side_parameters_take_effect_at_once(tmp_path):
     assert [(c.name, c.previous, c.value) for c in changes] == [
         ("alpha", "0.6", "0.3"), ("beta", "0.4", "0.7"), ("publish-every", "5", "3"), ("max-policy-lag", "0", "4"),
         ("dqn-target-update-period", "250", "7")]
-    assert (learner.replay.alpha, learner.replay.beta0) == (0.3, 0.7)
+    assert (learner.replay.buffer.alpha, learner.replay.buffer.beta0) == (0.3, 0.7)
     assert (learner.config.publish_every, learner.config.max_policy_lag) == (3, 4)
     assert learner.algorithm.config.target_update_period == 7
     with pytest.raises(ParameterError):
@@ -166,7 +166,7 @@ def test_a_new_ratio_keeps_the_limiters_balance_and_its_state_round_trips():
 
 
 def test_a_new_alpha_reraises_every_stored_priority_and_leaves_empty_slots_empty(fast_replay_path):
-    replay = PrioritizedReplay(64, {"x": ((), torch.float32)}, alpha=0.5, eps=0.0, **fast_replay_path)
+    replay = make_replay(64, {"x": ((), torch.float32)}, alpha=0.5, eps=0.0, **fast_replay_path)
     priorities = torch.arange(1, 11, dtype=torch.float64)
     replay.add({"x": torch.arange(10.0)}, priorities=priorities)
     replay.set_exponents(1.0, 0.9)

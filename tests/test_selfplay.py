@@ -262,8 +262,8 @@ def test_a_self_play_session_gets_league_settings_snapshot_weights_and_the_menu(
     assert welcome.settings.league.enabled
     assert [o.id for o in stream.next("league").league.opponents] == [SELF, RANDOM]
     for version in range(1, 5):  # snapshots at versions 2 and 4
-        learner.version = version
-        learner.publish()
+        learner.progress.version = version
+        learner.training.publish(); learner.publishing.flush()
     updates = []
     while len(updates) < 2:
         message = stream.next("policy_update")
@@ -340,19 +340,19 @@ def test_a_resumed_learner_has_the_league_ratings_records_and_snapshots_it_saved
     with serve(learner, "127.0.0.1", 0) as port:
         stream = RawStream(f"127.0.0.1:{port}", ttt_hello("a1"))
         for version in range(1, 5):
-            learner.version = version
-            learner.publish()
+            learner.progress.version = version
+            learner.training.publish(); learner.publishing.flush()
         stream.send(ttt_batch(learner, 1, [game("v2", pb.OUTCOME_WIN), game(RANDOM, pb.OUTCOME_LOSS)], ["v2"]))
         assert stream.next("ack").ack.seq == 1
         stream.close()
     learner.stop()  # the final checkpoint
-    saved, snapshots = without_weights(learner.status().league), learner.league.sample_snapshots(3)
+    saved, snapshots = without_weights(learner.status().league), learner.roles.league.sample_snapshots(3)
     resumed = Learner(config)
     try:
         restored = without_weights(resumed.status().league)
         assert restored.rating == saved.rating and restored.games == saved.games == 2
         assert list(restored.opponents) == list(saved.opponents)
-        assert resumed.league.sample_snapshots(3) == snapshots
+        assert resumed.roles.league.sample_snapshots(3) == snapshots
     finally:
         resumed.stop()
 

@@ -57,7 +57,7 @@ def message(seq: int, fields: dict[str, np.ndarray] | bytes, n: int = N) -> pb.A
 
 
 def stored(learner: Learner) -> dict[str, np.ndarray]:
-    state = learner.replay.state_dict()
+    state = learner.replay.buffer.state_dict()
     size = len(learner.replay)
     return {name[len("field."):]: value.numpy()[:size] for name, value in state.items() if name.startswith("field.")}
 

@@ -31,7 +31,7 @@ def fill_limiter(learner: Learner) -> None:
     """Insert until the rate limiter holds further inserts (nothing samples: the learner is not started)."""
     stream = learner.connect(hello("filler").hello)
     seq = 0
-    while learner.limiter.can_insert():
+    while learner.replay.limiter.can_insert():
         seq += 1
         assert learner.ingest(stream, batch(seq, n=256).batch)
     learner.disconnect(stream)
@@ -69,10 +69,10 @@ def test_cut_streams_end_their_limiter_waits_and_leave_nothing_behind():
     with serve(learner, "127.0.0.1", 0) as port:
         address = f"127.0.0.1:{port}"
         threads = warm_pool(learner, address)
-        inserts, stored = learner.limiter.inserts, learner.replay.inserted
+        inserts, stored = learner.replay.limiter.inserts, learner.replay.buffer.inserted
 
         held = [RawStream(address, hello(f"held-{i}"), batch(1)) for i in range(STREAMS)]
-        wait_until(lambda: learner.limiter.waiting["inserts"] == STREAMS, 60, f"{STREAMS} batches waiting on the limiter")
+        wait_until(lambda: learner.replay.limiter.waiting["inserts"] == STREAMS, 60, f"{STREAMS} batches waiting on the limiter")
         for stream in held:
             stream.cancel()  # as a SIGKILLed actor's stream ends
         wait_until(lambda: not reader_threads(), 30, "every reader thread to end")
@@ -82,8 +82,8 @@ def test_cut_streams_end_their_limiter_waits_and_leave_nothing_behind():
             stream.close()  # and the client's own threads go too
         wait_until(lambda: other_threads() <= threads, 30, f"thread count outside the pool back to {threads}")
         assert pool_threads() <= learner.config.max_streams + 8
-        assert (learner.limiter.inserts, learner.replay.inserted) == (inserts, stored)
-        assert learner.limiter.waiting["inserts"] == 0
+        assert (learner.replay.limiter.inserts, learner.replay.buffer.inserted) == (inserts, stored)
+        assert learner.replay.limiter.waiting["inserts"] == 0
         assert not any(a.connected for a in learner.status().actors)
     learner.stop()
 
@@ -93,7 +93,7 @@ def test_actor_processes_killed_one_after_another_while_held_leave_no_threads():
     learner = Learner(LearnerConfig(env="CartPole-v1", eval_every=0, max_streams=KILLED + 2))
     fill_limiter(learner)
     with serve(learner, "127.0.0.1", 0) as port:
-        threads, inserts = warm_pool(learner, f"127.0.0.1:{port}"), learner.limiter.inserts
+        threads, inserts = warm_pool(learner, f"127.0.0.1:{port}"), learner.replay.limiter.inserts
         actors = [subprocess.Popen([sys.executable, RAW_ACTOR, f"127.0.0.1:{port}", f"killed-{i}", "7"],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for i in range(KILLED)]
         try:
@@ -101,10 +101,10 @@ def test_actor_processes_killed_one_after_another_while_held_leave_no_threads():
                 assert actor.stdout.readline().strip() == "welcome"
                 actor.stdin.write("send 1 16\n")
                 actor.stdin.flush()
-                wait_until(lambda: learner.limiter.waiting["inserts"] == 1, 60, f"actor {i}'s batch to wait")
+                wait_until(lambda: learner.replay.limiter.waiting["inserts"] == 1, 60, f"actor {i}'s batch to wait")
                 actor.kill()
                 actor.wait()
-                wait_until(lambda: learner.limiter.waiting["inserts"] == 0, 30, f"actor {i}'s wait to end")
+                wait_until(lambda: learner.replay.limiter.waiting["inserts"] == 0, 30, f"actor {i}'s wait to end")
         finally:
             for actor in actors:
                 actor.kill()
@@ -112,21 +112,21 @@ def test_actor_processes_killed_one_after_another_while_held_leave_no_threads():
         wait_until(lambda: not reader_threads(), 30, "every reader thread to end")
         wait_until(lambda: other_threads() <= threads, 30, f"thread count outside the pool back to {threads}")
         assert pool_threads() <= learner.config.max_streams + 8
-        assert learner.limiter.inserts == inserts and learner.limiter.waiting["inserts"] == 0
+        assert learner.replay.limiter.inserts == inserts and learner.replay.limiter.waiting["inserts"] == 0
     learner.stop()
 
 
 def test_a_failure_inside_ingest_ends_that_stream_alone_with_internal(caplog):
     """Any exception (here an injected device failure) ends its stream with a status, logged once."""
     learner = Learner(LearnerConfig(env="CartPole-v1", eval_every=0))
-    real_write = learner.replay.write
+    real_write = learner.replay.buffer.write
 
     def write(reservation):
         if threading.current_thread().name == "read-doomed":
             raise RuntimeError("CUDA out of memory (injected)")
         return real_write(reservation)
 
-    learner.replay.write = write  # fault injection: a failure this CPU-only machine cannot produce for real
+    learner.replay.buffer.write = write  # fault injection: a failure this CPU-only machine cannot produce for real
     with serve(learner, "127.0.0.1", 0) as port, caplog.at_level(logging.WARNING):
         address = f"127.0.0.1:{port}"
         good = RawStream(address, hello("good"), batch(1))
@@ -142,8 +142,8 @@ def test_a_failure_inside_ingest_ends_that_stream_alone_with_internal(caplog):
             stream.close()
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "doomed" in errors[0].getMessage() and errors[0].exc_info
-    assert learner.replay.abandoned == 16 and learner.replay.pending == 0  # the doomed batch's slots: empty
-    assert learner.limiter.inserts == learner.replay.inserted - learner.replay.abandoned == 2 * 16 + 16
+    assert learner.replay.buffer.abandoned == 16 and learner.replay.buffer.pending == 0  # the doomed batch's slots: empty
+    assert learner.replay.limiter.inserts == learner.replay.buffer.inserted - learner.replay.buffer.abandoned == 2 * 16 + 16
     learner.stop()
 
 
@@ -161,7 +161,7 @@ def test_a_failure_in_training_stops_the_learner_loudly_instead_of_serving_untra
         assert learner.failed.wait(60), "the trainer's failure went unnoticed"
     learner.stop()
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == ["training failed; the learner stops"]
-    assert learner.limiter.samples == 32  # the one sample drawn before the failure
+    assert learner.replay.limiter.samples == 32  # the one sample drawn before the failure
 
 
 def test_train_step_hands_back_samples_it_could_not_draw():
@@ -170,16 +170,16 @@ def test_train_step_hands_back_samples_it_could_not_draw():
                                     publish_every=1, max_policy_lag=1))
     stream = learner.connect(hello("old").hello)
     assert learner.ingest(stream, batch(1, n=64, policy_version=0).batch)
-    attempts = [learner.train_step() for _ in range(6)]
+    attempts = [learner.training.train_step() for _ in range(6)]
     assert attempts[:2] == [True, True] and not any(attempts[2:])  # version 0 items fall out of the lag bound
-    assert learner.limiter.samples == learner.updates * 32
+    assert learner.replay.limiter.samples == learner.updates * 32
 
     def sample(batch_size, min_policy_version=None):
         raise ValueError("a bug in sampling (injected)")
 
-    learner.replay.sample = sample  # any other error is a bug: it must surface, not read as "wait"
+    learner.replay.buffer.sample = sample  # any other error is a bug: it must surface, not read as "wait"
     with pytest.raises(ValueError, match="injected"):
-        learner.train_step()
+        learner.training.train_step()
 
 
 def test_sigterm_with_a_batch_waiting_sends_shutdown_and_ends_ok(tmp_path):

@@ -28,7 +28,7 @@ def learner_command(config: LearnerConfig) -> int:
         health.set(True)
         print(f"learner listening on {config.host}:{port}", flush=True)
         while not (stop.wait(5.0) or learner.failed.is_set() or learner.stopping.is_set()):  # or another rank's stop
-            logger.info("%s", format_progress(learner.progress()))
+            logger.info("%s", format_progress(learner.summary()))
         health.set(False)  # draining: probes see NOT_SERVING while the final checkpoint is written
         logger.info("stopping: actors told to go, final checkpoint")
         learner.stop()

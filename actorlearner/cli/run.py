@@ -51,12 +51,13 @@ def run_command(config: RunConfig) -> int:
         address = f"{local_address(host)}:{port}"
         actors = [_spawn_actor(config, address, i) for i in range(config.actors)]
         last_print = 0.0
+        evaluation, progress = learner.evaluation, learner.progress
         while not stop.wait(0.5):
             elapsed = time.monotonic() - start
-            new_eval = learner.evaluations > evaluations
-            evaluations = learner.evaluations
-            curve.record(elapsed, learner.env_steps, learner.recent_return, learner.eval_mean if new_eval else None)
-            eval_return = learner.eval_mean if learner.evaluations else None
+            new_eval = evaluation.evaluations > evaluations
+            evaluations = evaluation.evaluations
+            curve.record(elapsed, progress.env_steps, progress.recent_return, evaluation.mean if new_eval else None)
+            eval_return = evaluation.mean if evaluation.evaluations else None
             solved = eval_return is not None and eval_return >= config.target_return
             if solved or elapsed >= config.max_seconds:
                 break
@@ -67,19 +68,20 @@ def run_command(config: RunConfig) -> int:
                 break
             if elapsed - last_print >= 2.0:
                 last_print = elapsed
-                sps = learner.env_steps / max(elapsed, 1e-9)
-                print(f"[{elapsed:6.1f}s] {format_progress({**learner.progress(), 'sps': sps})}", file=sys.stderr, flush=True)
+                sps = progress.env_steps / max(elapsed, 1e-9)
+                print(f"[{elapsed:6.1f}s] {format_progress({**learner.summary(), 'sps': sps})}", file=sys.stderr, flush=True)
         _stop_processes(actors)
     learner.stop()  # joins an evaluation already under way; its result counts if the run was not solved yet
     elapsed = time.monotonic() - start
-    curve.record(elapsed, learner.env_steps, learner.recent_return,
-                 learner.eval_mean if learner.evaluations > evaluations else None)
+    evaluation, progress = learner.evaluation, learner.progress
+    curve.record(elapsed, progress.env_steps, progress.recent_return,
+                 evaluation.mean if evaluation.evaluations > evaluations else None)
     if not solved:
-        solved = learner.evaluations > 0 and learner.eval_mean >= config.target_return
-        eval_return = learner.eval_mean if learner.evaluations else None
+        solved = evaluation.evaluations > 0 and evaluation.mean >= config.target_return
+        eval_return = evaluation.mean if evaluation.evaluations else None
     result = {"solved": solved, "eval_return": eval_return,
-              "seconds": round(elapsed, 2), "env_steps": learner.env_steps,
-              "updates": learner.updates, "policy_version": learner.version, "run_dir": run_dir}
+              "seconds": round(elapsed, 2), "env_steps": progress.env_steps,
+              "updates": progress.updates, "policy_version": progress.version, "run_dir": run_dir}
     if config.plot:
         result["curve"] = os.path.join(run_dir, "curve.png")
         curve.save_png(result["curve"], f"{learner_config.algorithm} on {learner_config.env}, seed {learner_config.seed}")

@@ -1,42 +1,45 @@
-"""The learner: its parts, each holding one role, composed and wired together.
+"""The learner: its parts, each holding one role and its own state, composed and wired together.
 
-Who does what: :mod:`.registry` knows the actors and their seqs; :mod:`.ingest` stores their
-batches exactly once; :mod:`.trainer` is the loop that samples, updates and publishes (one update
-is ``TrainingLoop._learn``); :mod:`.publishing` sends each version out; :mod:`.evaluating` scores it;
-:mod:`.state` checkpoints and resumes; :mod:`.status` reports; :mod:`.roles` holds the optional ones.
+Who does what: :mod:`.replay_service` owns the replay, its rate limiter, lock and seq table; :mod:`.registry`
+knows the actors; :mod:`.ingest` checks their batches and stores them exactly once; :mod:`.trainer` is the
+loop that samples, updates and publishes (one update is ``TrainingLoop._round``); :mod:`.publishing` sends
+each version out; :mod:`.evaluating` scores it; :mod:`.progress` counts and logs; :mod:`.checkpointing`
+finds and writes checkpoints; :mod:`.roles` holds the optional ones. Each part saves, restores and
+reports itself: the Learner asks each in turn.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
 import threading
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from actorlearner import specs, telemetry, wire
 from actorlearner.algorithms import config_json, make_config, resolve
-from actorlearner.checkpoint.store import CheckpointStore
+from actorlearner.checkpoint.rng import load_rng_state, rng_state
 from actorlearner.config import LearnerConfig
 from actorlearner.envs import make_env
 from actorlearner.envs.multiagent import is_multi_agent, seat_spaces
-from actorlearner.evaluation import EvalResult
-from actorlearner.frames import algorithm_frames, batch_fields, default_frame_capacity, frame_stack_of
-from actorlearner.learner import state, status
+from actorlearner.frames import algorithm_frames, batch_fields, frame_stack_of
+from actorlearner.learner.checkpointing import Checkpointing
 from actorlearner.learner.distributed import join_world, local_device, resolve_world
 from actorlearner.learner.evaluating import Evaluation
 from actorlearner.learner.ingest import Ingest
 from actorlearner.learner.onnx_feed import OnnxFeed
-from actorlearner.learner.parameters import Change, ParameterError, plan
+from actorlearner.learner.parameters import Change, ParameterError, current_values, plan
+from actorlearner.learner.progress import Progress
 from actorlearner.learner.publishing import Publishing
 from actorlearner.learner.registry import ActorRegistry, ActorSession
-from actorlearner.learner.roles import Roles, SelfPlay
+from actorlearner.learner.replay_service import ReplayService
+from actorlearner.learner.roles import Roles, SelfPlay, StreamFeed
 from actorlearner.learner.spec import Refusal, check_hello, field_specs
 from actorlearner.learner.trainer import TrainingLoop
 from actorlearner.metrics import Metric
-from actorlearner.replay import PrioritizedReplay, RateLimiter
 from actorlearner.streaming.broadcast import ONNX_FORMAT, PolicyBroadcast
 from actorlearner.v1 import learner_pb2 as pb
 
@@ -55,11 +58,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 class Learner:
-    """Replay, rate limiter, algorithm and policy broadcast behind one lock discipline.
+    """The parts of a learner, built and wired once; the streams' entry points; the state of every part
+    as of one instant (:meth:`checkpoint`) and its reports (:meth:`status`, :meth:`metrics`).
 
-    gRPC threads call :meth:`ingest`; the trainer thread samples and updates; the replay
-    buffer is only touched under ``replay_lock``. Start with :meth:`start`, stop with
-    :meth:`stop` (final checkpoint included).
+    gRPC threads call :meth:`ingest`; the trainer thread samples and updates. Start with :meth:`start`,
+    stop with :meth:`stop` (final checkpoint included).
     """
 
     def __init__(self, config: LearnerConfig):
@@ -90,15 +93,13 @@ class Learner:
         algorithm_class = self.algorithm_class = resolve(config.algorithm)
         self.algorithm_config = make_config(algorithm_class, config.algorithm_config)
         algorithm_spec = algorithm_class(self.observation_space, self.action_space, self.algorithm_config)
-        algorithm = algorithm_spec.make_trainer(device=self.device, seed=config.seed)
+        self.algorithm = algorithm_spec.make_trainer(device=self.device, seed=config.seed)
         self.fields = stored = algorithm_spec.transition_fields()  # what batches hold, and the replay
-        self.frame_layout, frame_capacity = None, 0
+        self.frame_layout = None
         if frame_stack:  # batches hold frame indices and the frames, the replay frame keys
             self.frame_layout, by_ids = algorithm_frames(algorithm_spec)
             stored = by_ids.transition_fields()
             self.fields = batch_fields(self.frame_layout, stored)
-            frame_capacity = config.replay_frames or default_frame_capacity(self.frame_layout, stored,
-                                                                            config.replay_capacity)
         self.batch_fields = field_specs(self.fields)
         eval_policy = algorithm_spec.make_policy(device="cpu", seed=config.seed)
         eval_opponent = algorithm_spec.make_policy(device="cpu", seed=config.seed + 1) if self.agents else None
@@ -110,98 +111,60 @@ class Learner:
         self.settings_version = 0  # raised by each set_parameters: streams send a new Welcome
         self.changed_parameters: dict[str, str] = {}  # set while running (or restored): name -> value
         self._tune_lock = threading.Lock()  # one set_parameters at a time
-
-        self.replay = PrioritizedReplay(config.replay_capacity, stored, alpha=config.alpha, beta=config.beta,
-                                        beta_steps=config.beta_steps, device=self.device,
-                                        frames=self.frame_layout, frame_capacity=frame_capacity)
-        self.limiter = RateLimiter(config.min_replay_size, config.samples_per_insert, config.rate_error_buffer)
-        self.replay_lock = threading.Lock()
-        self.telemetry = telemetry.Telemetry(config.logdir or None)
-        self.broadcast = PolicyBroadcast(config.chunk_bytes)
-        self.roles = SelfPlay(config, eval_opponent, spaces, self.telemetry, self.broadcast.nudge) if self.agents \
-            else Roles()
-        onnx_feed = OnnxFeed(self.broadcast, algorithm_spec.make_policy(device="cpu", seed=config.seed),
-                             self.observation_space, self.action_space, config.chunk_bytes) if eval_policy.can_export else None
-        self.publishing = Publishing(self.broadcast, onnx_feed, self.roles)
-        checkpoint_dir = config.checkpoint_dir
-        if checkpoint_dir and self.world.size > 1:  # each rank its own shard (and the same networks)
-            checkpoint_dir = os.path.join(checkpoint_dir, f"rank-{self.world.rank}")
-        self.checkpoints = CheckpointStore(checkpoint_dir, config.keep_checkpoints) if checkpoint_dir else None
-        self.telemetry.text(telemetry.HYPERPARAMETERS, status.hyperparameters_table(config, self.algorithm_config))
         self.learner_id = uuid.uuid4().hex[:12]
         self.stopping = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.data_parallel = join_world(self.world, self.device, config.dist_timeout)
 
-        self.registry = ActorRegistry(config.actor_ttl, config.num_actors, config.max_unacked, self.replay_lock)
-        self.training = TrainingLoop(config, algorithm, self.replay, self.replay_lock, self.limiter, self.publishing,
-                                     self.roles, self.telemetry, self.stopping, self.data_parallel,
-                                     lambda: status.rates(self))
+        # The parts.
+        self.progress = Progress(config.logdir)
+        self.replay = ReplayService(config, stored, self.frame_layout, self.device, self.stopping)
+        self.broadcast = PolicyBroadcast(config.chunk_bytes)
+        self.roles = SelfPlay(config, eval_opponent, spaces, self.progress.telemetry, self.broadcast.nudge) \
+            if self.agents else Roles()
+        self.onnx_feed = OnnxFeed(self.broadcast, algorithm_spec.make_policy(device="cpu", seed=config.seed),
+                                  self.observation_space, self.action_space, config.chunk_bytes) \
+            if eval_policy.can_export else None
+        self.publishing = Publishing(self.broadcast, self.onnx_feed, self.roles)
+        self.data_parallel = join_world(self.world, self.device, config.dist_timeout)
+        self.checkpoints = Checkpointing(config, self.data_parallel, self.run_record)
+        self.registry = ActorRegistry(config, self.replay.forget)
+        self.training = TrainingLoop(config, self.algorithm, self.replay, self.publishing, self.data_parallel,
+                                     self.progress, self.stopping)
         self.failed = self.training.failed  # training raised: the process should drain and exit non-zero
-        self.ingestion = Ingest(self.fields, config.max_message_bytes, self.replay, self.replay_lock, self.limiter,
-                                self.registry, self.roles, self.telemetry, self.stopping, lambda: self.training.version)
-        self.evaluation = Evaluation(config, eval_policy, self.broadcast, self.training, self.ingestion, self.roles,
-                                     self.telemetry, self.checkpoints, self.run_record)
+        self.ingestion = Ingest(config, self.fields, self.replay, self.registry, self.roles, self.progress)
+        self.evaluation = Evaluation(config, eval_policy, self.broadcast, self.roles, self.progress, self.checkpoints)
+        self.progress.gauge(self.replay.gauges)
+        self.progress.gauge(lambda: {telemetry.POLICY_LAG_MAX: self.registry.lag_max(self.progress.version)})
+        self.progress.gauge(self.roles.scalars)
+        self.progress.telemetry.text(telemetry.HYPERPARAMETERS, _hyperparameters_table(config, self.algorithm_config))
+
         self.data_parallel.check_same("algorithm, its options, batch_size, publish_every or max_updates", repr(
             (config.algorithm, config_json(self.algorithm_config), config.batch_size, config.publish_every,
              config.max_updates)))
-        self.data_parallel.average_gradients(algorithm)
-        state.restore(self)
-        self.data_parallel.broadcast_state(algorithm)
-        self.publish()
-
-    # -- the parts' numbers, read (and in tests set) here ----------------------------------
-
-    @property
-    def algorithm(self):
-        return self.training.algorithm
+        self.data_parallel.average_gradients(self.algorithm)
+        self._restore()
+        self.data_parallel.broadcast_state(self.algorithm)
+        self.training.publish()
+        self.publishing.flush()
 
     @property
     def version(self) -> int:
-        return self.training.version
-
-    @version.setter
-    def version(self, value: int) -> None:
-        self.training.version = value
+        """The newest policy version."""
+        return self.progress.version
 
     @property
     def updates(self) -> int:
-        return self.training.updates
-
-    @property
-    def inserted_batches(self) -> int:
-        return self.ingestion.inserted_batches
+        return self.progress.updates
 
     @property
     def env_steps(self) -> int:
-        return self.ingestion.env_steps
-
-    @property
-    def recent_return(self) -> float:
-        return self.ingestion.recent_return
-
-    @property
-    def evaluations(self) -> int:
-        return self.evaluation.evaluations
-
-    @property
-    def eval_mean(self) -> float:
-        return self.evaluation.mean
-
-    @property
-    def league(self):
-        """The self-play league (None without one)."""
-        return self.roles.league
-
-    @property
-    def onnx_feed(self) -> OnnxFeed | None:
-        return self.publishing.onnx_feed
+        return self.progress.env_steps
 
     # -- streams ---------------------------------------------------------------------------
 
     def check_hello(self, hello: pb.Hello) -> Refusal | None:
         """Refuse a stream this learner cannot serve (see :func:`spec.check_hello`)."""
-        return check_hello(hello, self._spec, self.config.env, self.onnx_feed is not None, self.roles)
+        return check_hello(hello, self._spec, self.config.env, self.onnx_feed is not None, self.roles.refuse_hello)
 
     def spec(self) -> pb.LearnerSpec:
         """What an actor must send and will receive (the ``GetSpec`` answer); runtime parameters change its algorithm_config."""
@@ -213,10 +176,14 @@ class Learner:
         stream takes state dicts (an ONNX model returns actions only)."""
         priorities = (self.config.actor_priorities and self.gives_priorities and not hello.relay
                       and hello.policy_format != ONNX_FORMAT)
-        return self.registry.connect(hello, via, self.version, priorities)
+        return self.registry.connect(hello, via, self.progress.version, priorities)
 
     def disconnect(self, session: ActorSession) -> None:
         self.registry.disconnect(session)
+
+    def feed(self) -> StreamFeed:
+        """What the roles send on a new stream besides policies and Welcomes."""
+        return self.roles.feed()
 
     def welcome(self, session: ActorSession, version: int) -> pb.Welcome:
         """The settings an actor must use, and ``version``, the policy it receives next."""
@@ -230,30 +197,14 @@ class Learner:
         return pb.Welcome(learner_id=self.learner_id, policy_version=version, settings=settings,
                           batch_fields=self.batch_fields)
 
-    def ingest(self, session: ActorSession, batch: pb.TrajectoryBatch) -> bool:
+    def ingest(self, session: ActorSession, batch: pb.TrajectoryBatch, payload: memoryview | None = None) -> bool:
         """Store a batch unless its seq was stored; True if inserted, False if a duplicate (see :class:`Ingest`)."""
-        return self.ingestion.ingest(session, batch)
+        return self.ingestion.ingest(session, batch, payload)
 
     def record_episodes(self, session: ActorSession, stats: pb.EpisodeStats) -> None:
         self.ingestion.record_episodes(session, stats)
 
-    # -- training, publishing, evaluation --------------------------------------------------
-
-    def train_step(self) -> bool:
-        """One sample -> update -> new priorities; False when the rate limiter says wait. A version it
-        publishes is out when it returns."""
-        updated = self.training.train_step()
-        self.publishing.flush()
-        return updated
-
-    def publish(self) -> None:
-        """Broadcast the current policy as ``self.version``; it is out when this returns."""
-        self.training.publish()
-        self.publishing.flush()
-
-    def evaluate(self) -> EvalResult:
-        """Greedy episodes with the latest published policy, decoded from the same bytes actors get."""
-        return self.evaluation.evaluate()
+    # -- runtime parameters ----------------------------------------------------------------
 
     def set_parameters(self, request: Sequence[tuple[str, str]], restored: bool = False) -> list[Change]:
         """Change runtime parameters ((name, value text) pairs) all together, or none: ParameterError says why.
@@ -269,17 +220,9 @@ class Learner:
                 if shared:  # set on one rank only, the parameters or versions would part
                     raise ParameterError(f"{', '.join(shared)} must stay the same on every data-parallel rank: "
                                          "not changeable while they train")
-            config = change.learner
-            if config.samples_per_insert != self.config.samples_per_insert:
-                self.limiter.retarget(config.samples_per_insert)
-            if (config.alpha, config.beta) != (self.config.alpha, self.config.beta):
-                with self.replay_lock:
-                    self.ingestion.wait_for_open_inserts()
-                    self.replay.set_exponents(config.alpha, config.beta)
-            with self.training.update_lock:
-                self.algorithm.retune(change.algorithm)
-            self.config = self.training.config = config
-            self.algorithm_config = change.algorithm
+            self.replay.retune(change.learner)
+            self.training.retune(change.learner, change.algorithm)
+            self.config, self.algorithm_config = change.learner, change.algorithm
             spec = pb.LearnerSpec()
             spec.CopyFrom(self._spec)
             spec.algorithm_config = config_json(change.algorithm)
@@ -288,31 +231,93 @@ class Learner:
             self.settings_version += 1
         self.publishing.nudge()
         summary = ", ".join(f"{c.name} {c.previous} -> {c.value}" for c in change.changes)
-        logger.info("%s runtime parameters after %d updates: %s", "restored" if restored else "set", self.updates,
-                    summary)
-        self.telemetry.text(telemetry.RUNTIME_PARAMETERS, "| parameter | before | after |\n|---|---|---|\n" + "\n".join(
-            f"| {c.name} | {c.previous} | {c.value} |" for c in change.changes), self.updates)
+        updates = self.progress.updates
+        logger.info("%s runtime parameters after %d updates: %s", "restored" if restored else "set", updates, summary)
+        self.progress.telemetry.text(telemetry.RUNTIME_PARAMETERS, "| parameter | before | after |\n|---|---|---|\n" +
+                                     "\n".join(f"| {c.name} | {c.previous} | {c.value} |" for c in change.changes),
+                                     updates)
         return change.changes
 
-    # -- state and reports -----------------------------------------------------------------
+    # -- state -----------------------------------------------------------------------------
 
     def checkpoint(self) -> None:
-        """Write every part's state as of one instant (see :func:`state.save`)."""
-        state.save(self)
+        """Write every part's state as of one instant: model, optimizer, buffer (if configured), counts,
+        seq table, league and RNGs, atomically.
+
+        Call it from the trainer thread (or once it has stopped): the algorithm must not change meanwhile.
+        Ingest goes on: the replay is quiesced for the parts' states, then held only for a moment per
+        chunk of replay rows written.
+        """
+        self.publishing.flush()  # the roles' state holds every version published so far
+        with self.replay.quiesced():
+            step = self.progress.updates
+            learner_state = {**self.progress.state(), **self.replay.state(),
+                             "parameters": dict(self.changed_parameters), "world_size": self.world.size}
+            snapshot = self.replay.snapshot()
+            league = self.roles.state()
+        try:
+            parts = {"algorithm": self.algorithm.state_dict(), "learner": learner_state,
+                     "rng": rng_state(self.device)}
+            if snapshot is not None:
+                parts["replay"] = snapshot.state()
+            if league is not None:
+                parts["league"] = league
+            self.checkpoints.save(step, parts)
+        finally:
+            if snapshot is not None:
+                snapshot.close()
+
+    def _restore(self) -> None:
+        """Resume from the newest usable checkpoint, if there is one; runtime parameters first, so that the
+        optimizer state and replay priorities load into the tuned parts."""
+        found = self.checkpoints.latest()
+        if found is None:
+            return
+        step, parts = found
+        state = parts["learner"]
+        if state.get("parameters"):
+            try:
+                self.set_parameters([(str(k), str(v)) for k, v in state["parameters"].items()], restored=True)
+            except ParameterError as exc:
+                logger.warning("checkpoint %d: runtime parameters %s not restored: %s", step, state["parameters"], exc)
+        self.algorithm.load_state_dict(parts["algorithm"])
+        self.replay.load_state(state, parts.get("replay"))
+        self.progress.load_state(state)
+        self.registry.remember(self.replay.seq_table)
+        if "league" in parts:
+            self.roles.load_state(parts["league"])
+        if "rng" in parts:
+            load_rng_state(parts["rng"], self.device)
+        logger.info("restored checkpoint %d: version %d, %d items in replay", step, self.version, len(self.replay))
 
     def run_record(self) -> dict[str, str | int]:
         """What a checkpoint needs to rebuild its policy without this learner: env, algorithm, its options."""
         return {"env": self.config.env, "frame_stack": self.config.frame_stack, "algorithm": self.config.algorithm,
                 "algorithm_config": config_json(self.algorithm_config), "seed": self.config.seed}
 
+    # -- reports ---------------------------------------------------------------------------
+
     def status(self) -> pb.StatusResponse:
-        return status.status(self)
+        """A snapshot for GetStatus: every part's report, and every actor seen within ``actor_ttl``."""
+        parameters = current_values(self.config, self.algorithm_class.name, self.algorithm_config)
+        response = pb.StatusResponse(learner_id=self.learner_id, parameters=_parameters(parameters),
+                                     changed_parameters=_parameters(self.changed_parameters))
+        for part in (self.progress, self.replay, self.ingestion, self.training, self.evaluation, self.roles):
+            part.report(response)
+        self.registry.report(response)  # the actors' lags behind the version reported
+        return response
 
     def metrics(self) -> list[Metric]:
-        return status.metrics(self)
+        """What the learner exposes to Prometheus, read at each scrape."""
+        return [*self.progress.metrics(), *self.replay.metrics(), *self.training.metrics(),
+                *self.evaluation.metrics(), *self.registry.metrics(self.progress.version), *self.roles.metrics()]
 
-    def progress(self) -> dict:
-        return status.progress(self)
+    def summary(self) -> dict[str, Any]:
+        """Numbers for the one-line progress display."""
+        evaluation = self.evaluation
+        return {**self.progress.progress(), **self.replay.progress(),
+                "lag_max": self.registry.lag_max(self.progress.version),
+                "eval": evaluation.mean if evaluation.evaluations else None}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -328,17 +333,31 @@ class Learner:
         Every batch acked before this returns is in that checkpoint.
         """
         self.stopping.set()
-        self.limiter.close()
+        self.replay.close()
         for thread in self._threads:
             thread.join()
         self.publishing.stop()
-        self.ingestion.seal()
+        self.replay.seal()
         if self.checkpoints:
             self.checkpoint()
         self.data_parallel.close()
-        self.telemetry.close()
+        self.progress.close()
 
     def _spawn(self, name: str, target) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
+
+
+def _parameters(values: dict[str, str]) -> list[pb.Parameter]:
+    return [pb.Parameter(name=name, value=value) for name, value in values.items()]
+
+
+def _hyperparameters_table(config: LearnerConfig, algorithm_config: Any) -> str:
+    """The learner's settings and the algorithm's, as a markdown table (security settings left out)."""
+    settings = {name: value for name, value in dataclasses.asdict(config).items()
+                if name not in ("security", "algorithm_config")}
+    settings.update({f"{config.algorithm}.{name}": value
+                     for name, value in dataclasses.asdict(algorithm_config).items()})
+    rows = "\n".join(f"| {name} | {value} |" for name, value in settings.items())
+    return f"| setting | value |\n|---|---|\n{rows}"

@@ -1,4 +1,4 @@
-"""The actors the learner knows: their records and streams, Ape-X indices, time to live and seq table."""
+"""The actors the learner knows: their records and streams, Ape-X indices and time to live."""
 
 from __future__ import annotations
 
@@ -6,9 +6,12 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from actorlearner import telemetry
+from actorlearner.config import LearnerConfig
+from actorlearner.metrics import Metric
 from actorlearner.v1 import learner_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -51,18 +54,14 @@ class ActorSession:
 
 
 class ActorRegistry:
-    """Actor records by id, and the seq table: the highest stored seq per actor id, the duplicate filter.
+    """Actor records by id, under :attr:`lock`. ``forget`` is told of the actors dropped after ``actor_ttl``
+    (the replay's seq table drops their seqs), within the same hold of the lock."""
 
-    ``seq_table`` is read and written under the replay lock (it changes with the replay's
-    contents); the records under :attr:`lock`, taken after the replay lock when both are needed.
-    """
-
-    def __init__(self, actor_ttl: float, num_actors: int, max_unacked: int, replay_lock: threading.Lock):
-        self.actor_ttl, self.num_actors, self.max_unacked = actor_ttl, num_actors, max_unacked
-        self.replay_lock = replay_lock
+    def __init__(self, config: LearnerConfig, forget: Callable[[Iterable[str]], None]):
+        self.actor_ttl, self.num_actors, self.max_unacked = config.actor_ttl, config.num_actors, config.max_unacked
+        self.forget = forget
         self.lock = threading.Lock()
         self.actors: dict[str, ActorRecord] = {}
-        self.seq_table: dict[str, int] = {}
         self._last_forget = 0.0
 
     def connect(self, hello: pb.Hello, via: str, version: int, priorities: bool) -> ActorSession:
@@ -99,11 +98,11 @@ class ActorRegistry:
             return
         self._last_forget = now
         cutoff = now - self.actor_ttl
-        with self.replay_lock, self.lock:
+        with self.lock:
             gone = [r.actor_id for r in self.actors.values() if not r.connected and r.last_seen < cutoff]
             for actor_id in gone:
                 del self.actors[actor_id]
-                self.seq_table.pop(actor_id, None)
+            self.forget(gone)
         if gone:
             logger.info("forgot %d actors gone longer than %.0f s", len(gone), self.actor_ttl)
 
@@ -115,12 +114,11 @@ class ActorRegistry:
             return previous
         return min(range(n), key=lambda i: (taken[i], i))
 
-    def duplicate(self, session: ActorSession, seq: int) -> bool:
-        """Whether ``seq`` was stored already (a resend). More of them on one stream than a window
+    def duplicate(self, session: ActorSession, seq: int, stored: int) -> bool:
+        """Whether ``seq`` was stored already (``stored`` is the highest stored from the actor): a resend. More of them on one stream than a window
         suggests the actor's seqs restarted below what it sent before, so that nothing it sends is
         stored: warned once per stream (and counted in status). Not refused: a learner restarted
         with a smaller window cannot tell that from a legal resend of the actor's older, larger window."""
-        stored = self.seq_table.get(session.record.actor_id, -1)
         if seq > stored:
             return False
         session.duplicates += 1
@@ -137,7 +135,32 @@ class ActorRegistry:
         with self.lock:
             return list(self.actors.values())
 
-    def restore(self, seq_table: dict[str, int]) -> None:
-        """A checkpoint's seq table; its actors are remembered as gone since the restore."""
-        self.seq_table = dict(seq_table)
-        self.actors = {actor_id: ActorRecord(actor_id) for actor_id in self.seq_table}
+    def remember(self, actor_ids: Iterable[str]) -> None:
+        """Actors of a restored checkpoint, remembered as gone since the restore."""
+        self.actors = {actor_id: ActorRecord(actor_id) for actor_id in actor_ids}
+
+    def report(self, response: pb.StatusResponse) -> None:
+        """Every actor seen within ``actor_ttl``, with its lag behind ``response.policy_version``."""
+        self.forget_departed()
+        version = response.policy_version
+        response.actors.extend(
+            pb.ActorStatus(actor_id=r.actor_id, policy_version=r.policy_version, lag=version - r.policy_version,
+                           batches_per_second=r.batches.rate(), last_seen_unix=r.last_seen, connected=r.connected,
+                           duplicates=r.duplicates, inserted=int(r.batches.total), transitions=r.transitions,
+                           via=r.via, relay=r.relay)
+            for r in self.records())
+
+    def metrics(self, version: int) -> list[Metric]:
+        """Connected and known actors, and each connected one's lag behind ``version``."""
+        records = self.records()
+        connected = [r for r in records if r.connected and not r.relay]  # actors behind relays count, relays not
+        return [
+            Metric("connected_actors", "Actors with an open stream.", len(connected)),
+            Metric("known_actors", "Actor ids remembered (connected, or gone less than actor_ttl ago).", len(records)),
+            Metric("actor_lag", "Learner version minus the version each connected actor runs.",
+                   {r.actor_id: version - r.policy_version for r in connected}),
+        ]
+
+    def lag_max(self, version: int) -> int:
+        """The largest lag of a connected actor (or relay) behind ``version``."""
+        return max((version - r.policy_version for r in self.records() if r.connected), default=0)

@@ -23,10 +23,42 @@ from actorlearner.v1 import learner_pb2 as pb
 logger = logging.getLogger(__name__)
 
 
+class StreamFeed:
+    """What a role sends on one stream besides policies and Welcomes; this one sends nothing."""
+
+    def due(self) -> bool:
+        """Whether :meth:`messages` has something to send now."""
+        return False
+
+    def messages(self) -> list[pb.LearnerMessage]:
+        """What to send now (called from the stream's sender only)."""
+        return []
+
+
+class LeagueFeed(StreamFeed):
+    """The league on one stream: each new revision, with the snapshots' weights this stream has not had."""
+
+    def __init__(self, league: League):
+        self.league = league
+        self.revision = 0  # the league's revision last sent
+        self.snapshots_sent: set[str] = set()
+
+    def due(self) -> bool:
+        return self.league.revision > self.revision
+
+    def messages(self) -> list[pb.LearnerMessage]:
+        self.revision, messages = self.league.menu(self.snapshots_sent)
+        return list(messages)
+
+
 class Roles:
     """The hooks the learner calls at each step an optional role may take part in; these do nothing."""
 
     league: League | None = None
+
+    def feed(self) -> StreamFeed:
+        """What this role sends on a new stream (see :class:`StreamFeed`)."""
+        return StreamFeed()
 
     def refuse_hello(self, hello: pb.Hello) -> Refusal | None:
         """A reason this role cannot serve the stream ``hello`` opens, or None."""
@@ -60,8 +92,8 @@ class Roles:
     def metrics(self) -> list[Metric]:
         return []
 
-    def status(self) -> pb.LeagueStatus | None:
-        return None
+    def report(self, response: pb.StatusResponse) -> None:
+        """Add this role's part of GetStatus."""
 
     def state(self) -> dict | None:
         """A checkpoint part, or None for none."""
@@ -81,6 +113,9 @@ class SelfPlay(Roles):
         self.league = League(config.league, config.chunk_bytes, on_change)
         for script in config.league.evaluated_players():  # fail now, not in an actor
             load_scripted(script, *spaces, config.seed)
+
+    def feed(self) -> LeagueFeed:
+        return LeagueFeed(self.league)
 
     def refuse_hello(self, hello: pb.Hello) -> Refusal | None:
         if hello.relay or hello.policy_format == ONNX_FORMAT:
@@ -119,8 +154,8 @@ class SelfPlay(Roles):
     def metrics(self) -> list[Metric]:
         return self.league.metrics()
 
-    def status(self) -> pb.LeagueStatus:
-        return self.league.status()
+    def report(self, response: pb.StatusResponse) -> None:
+        response.league.CopyFrom(self.league.status())
 
     def state(self) -> dict:
         return self.league.state()

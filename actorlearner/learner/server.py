@@ -10,10 +10,11 @@ import grpc
 
 from actorlearner import wire
 from actorlearner.health import Health
-from actorlearner.learner.ingest import IngestAborted
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.parameters import ParameterError
 from actorlearner.learner.registry import ActorSession
+from actorlearner.learner.replay_service import InsertAborted
+from actorlearner.learner.roles import StreamFeed
 from actorlearner.learner.spec import Refusal
 from actorlearner.streaming.broadcast import ONNX_FORMAT, PolicyBroadcast
 from actorlearner.streaming.served import ServedStream
@@ -51,9 +52,9 @@ class LockedSend:
 
 class LearnerServedStream(ServedStream):
     """One Connect stream into the learner: the actor's ``session`` with the learner (a relay's own,
-    for a relay's stream), the policy broadcast it follows, and what the learner sent on it."""
+    for a relay's stream), the policy broadcast it follows, the roles' ``feed``, and what the learner sent on it."""
 
-    def __init__(self, session: ActorSession, broadcast: PolicyBroadcast, send: LockedSend):
+    def __init__(self, session: ActorSession, broadcast: PolicyBroadcast, send: LockedSend, feed: StreamFeed):
         super().__init__(session.record.actor_id, session.record.relay)
         self.session = session
         self.broadcast = broadcast
@@ -61,8 +62,7 @@ class LearnerServedStream(ServedStream):
         self.settings_version = -1  # the learner's settings_version of the last Welcome sent
         self.children: dict[str, ActorSession] = {}  # a relay's actors, by id; under cond
         self.refused: set[str] = set()  # a relay's actors refused since they last joined; under cond
-        self.league_revision = 0  # the league's revision last sent (self-play)
-        self.snapshots_sent: set[str] = set()  # league snapshots whose weights went out on this stream
+        self.feed = feed
         self.input_ended = False  # the actor half-closed: it sends nothing more; under cond
 
     def sent(self, version: int) -> None:
@@ -111,7 +111,8 @@ class LearnerService(pb_grpc.LearnerServicer):
             context.abort(getattr(grpc.StatusCode, refusal.code), refusal.reason)
         onnx = hello.policy_format == ONNX_FORMAT
         stream = LearnerServedStream(self.learner.connect(hello),
-                                      self.learner.onnx_feed.broadcast if onnx else self.learner.broadcast, send)
+                                      self.learner.onnx_feed.broadcast if onnx else self.learner.broadcast, send,
+                                      self.learner.feed())
         if not context.add_callback(stream.close):
             stream.close()  # the call is over already
         stream.broadcast.listen(stream.wake)
@@ -187,7 +188,7 @@ class LearnerService(pb_grpc.LearnerServicer):
             with stream.cond:
                 stream.input_ended = True
                 stream.cond.notify_all()
-        except IngestAborted as exc:  # not the actor's doing: a draining learner sends Shutdown next
+        except InsertAborted as exc:  # not the actor's doing: a draining learner sends Shutdown next
             logger.info("actor %s: a batch was not stored (%s); the actor resends it", actor_id, exc)
         except wire.WireError as exc:
             logger.warning("actor %s sent bad input: %s", actor_id, exc)
@@ -207,7 +208,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         """Store a batch (its payload kept out of ``message`` when given) and ack it, or account episode
         stats, for ``session`` (a relay's actor's: acked by actor_id)."""
         if message.WhichOneof("kind") == "batch":
-            inserted = self.learner.ingestion.ingest(session, message.batch, payload)
+            inserted = self.learner.ingest(session, message.batch, payload)
             ack = pb.LearnerMessage(actor_id=message.actor_id, ack=pb.Ack(
                 seq=message.batch.seq, accepted=True, reason="" if inserted else "duplicate"))
             if stream.relay:  # behind the Welcomes and Refusals the relay's actors wait for in its outbox
@@ -241,7 +242,7 @@ class LearnerService(pb_grpc.LearnerServicer):
             logger.warning("actor %s (through relay %s) sent bad input: %s", actor_id, stream.actor_id, exc)
             code = exc.status_code.name if isinstance(exc, wire.WireError) else "INVALID_ARGUMENT"
             self._refuse(stream, actor_id, Refusal(code, str(exc)))
-        except IngestAborted:
+        except InsertAborted:
             raise
         except Exception as exc:  # a bug or a failing device: this actor only
             logger.exception("actor %s (through relay %s): the learner failed on its message", actor_id,
@@ -290,15 +291,15 @@ class LearnerService(pb_grpc.LearnerServicer):
 
     def _send(self, stream: LearnerServedStream):
         """Yield acks as they come, the newest policy version whenever one is published, a new
-        Welcome whenever the learner's settings change, and the league whenever it changes."""
+        Welcome whenever the learner's settings change, and what the roles' feed has whenever it has some."""
         learner = self.learner
-        broadcast, stopping, league = stream.broadcast, learner.stopping, learner.league
+        broadcast, stopping, feed = stream.broadcast, learner.stopping, stream.feed
         while True:
             with stream.cond:
                 while not (stream.outbox or stream.closed or stopping.is_set()
                            or broadcast.version > stream.sent_version
                            or learner.settings_version > stream.settings_version
-                           or (league is not None and league.revision > stream.league_revision)):
+                           or feed.due()):
                     stream.cond.wait(0.5)
                 outbox = list(stream.outbox)
                 stream.outbox.clear()
@@ -321,9 +322,8 @@ class LearnerService(pb_grpc.LearnerServicer):
             if version > stream.sent_version:
                 stream.sent(version)
                 yield from messages
-            if league is not None and league.revision > stream.league_revision:
-                stream.league_revision, messages = league.menu(stream.snapshots_sent)
-                yield from messages
+            if feed.due():
+                yield from feed.messages()
 
 
 @contextlib.contextmanager

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from actorlearner import specs, wire
 from actorlearner.streaming.broadcast import ONNX_FORMAT
 from actorlearner.v1 import learner_pb2 as pb
-
-if TYPE_CHECKING:
-    from actorlearner.learner.roles import Roles
 
 
 @dataclass(frozen=True)
@@ -34,10 +31,11 @@ def _describe_fields(fields) -> str:
     return ", ".join(f"{f.name}:{f.dtype}{list(f.shape)}" for f in fields)
 
 
-def check_hello(hello: pb.Hello, spec: pb.LearnerSpec, env_name: str, onnx: bool, roles: Roles) -> Refusal | None:
+def check_hello(hello: pb.Hello, spec: pb.LearnerSpec, env_name: str, onnx: bool,
+                refuse_role: Callable[[pb.Hello], Refusal | None]) -> Refusal | None:
     """Refuse a stream whose protocol or env spec differs from ``spec``, or whose actor holds a policy or
     batches of another algorithm or batch layout; or asks for ONNX policies this learner (``onnx``) cannot
-    send; or that one of the learner's ``roles`` cannot serve."""
+    send; or that one of the learner's roles cannot serve (``refuse_role``'s reason)."""
     if not hello.actor_id:
         return Refusal("INVALID_ARGUMENT", "Hello.actor_id must not be empty")
     if hello.protocol_version != wire.PROTOCOL_VERSION:
@@ -56,7 +54,7 @@ def check_hello(hello: pb.Hello, spec: pb.LearnerSpec, env_name: str, onnx: bool
     if hello.policy_format == ONNX_FORMAT and not onnx:
         return Refusal("FAILED_PRECONDITION", f"algorithm {spec.algorithm!r} has no export_policy: "
                                               "this learner cannot send its policy as ONNX")
-    refusal = roles.refuse_hello(hello)
+    refusal = refuse_role(hello)
     if refusal is not None:
         return refusal
     if hello.batch_fields and list(hello.batch_fields) != list(spec.batch_fields):

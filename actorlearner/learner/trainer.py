@@ -3,6 +3,7 @@ to checkpoint; data-parallel ranks agree on each round first."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -12,10 +13,12 @@ from typing import Any
 from actorlearner import telemetry
 from actorlearner.config import LearnerConfig
 from actorlearner.learner.distributed import DataParallel, SingleRank
+from actorlearner.learner.progress import Progress
 from actorlearner.learner.publishing import Publishing
-from actorlearner.learner.roles import Roles
+from actorlearner.learner.replay_service import ReplayService
 from actorlearner.learner.step import LearnerStep
-from actorlearner.replay import PrioritizedReplay, RateLimiter
+from actorlearner.metrics import Metric
+from actorlearner.v1 import learner_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
@@ -26,28 +29,24 @@ METRICS_EVERY = 100
 
 
 class TrainingLoop:
-    """Owns the algorithm and the policy version; runs on its own thread (:meth:`run`).
+    """Owns the algorithm; raises the policy version and update count in ``progress``; runs on its own
+    thread (:meth:`run`) until ``stopping``.
 
-    Each update holds ``update_lock`` (a runtime parameter change waits for it); the replay is
-    touched only under ``replay_lock``. ``config`` is the learner's, replaced when runtime parameters change.
+    Each update holds ``update_lock`` (a runtime parameter change waits for it); the replay's buffer is
+    touched only under its lock. ``config`` is the learner's, replaced when runtime parameters change.
     """
 
-    def __init__(self, config: LearnerConfig, algorithm: Any, replay: PrioritizedReplay,
-                 replay_lock: threading.Lock, limiter: RateLimiter, publishing: Publishing, roles: Roles,
-                 telemetry_writer: telemetry.Telemetry, stopping: threading.Event,
-                 data_parallel: SingleRank, rates: Callable[[], dict[str, float]]):
-        self.config, self.algorithm = config, algorithm
-        self.replay, self.replay_lock, self.limiter = replay, replay_lock, limiter
-        self.publishing, self.roles, self.telemetry = publishing, roles, telemetry_writer
-        self.stopping, self.data_parallel, self.rates = stopping, data_parallel, rates
+    def __init__(self, config: LearnerConfig, algorithm: Any, replay: ReplayService, publishing: Publishing,
+                 data_parallel: SingleRank, progress: Progress, stopping: threading.Event):
+        self.config, self.algorithm, self.replay, self.publishing = config, algorithm, replay, publishing
+        self.data_parallel, self.progress, self.stopping = data_parallel, progress, stopping
         # Data-parallel ranks agree between the sample and the update: their steps run eagerly.
-        self.step = LearnerStep(algorithm, replay, config.batch_size,
+        self.step = LearnerStep(algorithm, replay.buffer, config.batch_size,
                                 capture=False if isinstance(data_parallel, DataParallel) else None)
         self.update_lock = threading.Lock()
-        self.version = 0
-        self.updates = 0
         self.sample_meter = telemetry.RateMeter()
         self.failed = threading.Event()  # training raised: the process should drain and exit non-zero
+        progress.gauge(lambda: {telemetry.REPLAY_SAMPLE_RATE: self.sample_meter.rate()})
 
     def run(self, checkpoint: Callable[[], None] | None) -> None:
         """Train (until max_updates) and call ``checkpoint`` on schedule, even while training waits or is done.
@@ -65,7 +64,7 @@ class TrainingLoop:
         last_checkpoint, limit = time.monotonic(), self.config.max_updates
         while True:
             due = checkpoint is not None and time.monotonic() - last_checkpoint >= self.config.checkpoint_every
-            training = not (limit and self.updates >= limit)
+            training = not (limit and self.progress.updates >= limit)
             _, stop, due = self._round(training, due)
             if stop:
                 if not self.stopping.is_set():
@@ -90,68 +89,62 @@ class TrainingLoop:
         """Sample (if ``train``) and update; returns (updated, stop, checkpoint due).
 
         Data-parallel, the ranks first agree in one all-reduce: update only if every rank has a
-        sample (else the sample's limiter credit is refunded), stop if any is stopping, checkpoint
+        sample (else the sample's limiter credit is given back), stop if any is stopping, checkpoint
         if any's is due. A sample given back this way still counts towards beta's annealing.
         """
-        if train and self.step.capture:  # one device program: nothing to agree on between its parts
-            updated = self._whole_step()
-            return self.data_parallel.agree(updated, self.stopping.is_set(), checkpoint_due)
-        sample = self._sample() if train else None
-        ready, stop = sample is not None, self.stopping.is_set()
-        ready, stop, checkpoint_due = self.data_parallel.agree(ready, stop, checkpoint_due)
-        if not ready:
-            if sample is not None:
-                self.limiter.refund_sample(self.config.batch_size)
-            return False, stop, checkpoint_due
-        self._learn(sample)
+        with self.replay.credit(self.config.batch_size, SAMPLE_WAIT_SECONDS) if train else _NO_CREDIT as credit:
+            if credit and self.step.capture:  # one device program: nothing to agree on between its parts
+                with self.replay.locked(), self.update_lock:
+                    updated = self.step(self._min_version())
+                if updated:
+                    credit.spend()
+                    self._updated()
+                return self.data_parallel.agree(updated, self.stopping.is_set(), checkpoint_due)
+            sample = None
+            if credit:
+                with self.replay.locked():
+                    sample = self.step.sample(self._min_version())  # None: every item is past max_policy_lag
+            ready, stop, checkpoint_due = self.data_parallel.agree(sample is not None, self.stopping.is_set(),
+                                                                   checkpoint_due)
+            if not ready:
+                return False, stop, checkpoint_due
+            credit.spend()
+        self.step.learn(sample, self.update_lock, self.replay.locked())
+        self._updated()
         return True, stop, checkpoint_due
 
     def _min_version(self) -> int | None:
         lag = self.config.max_policy_lag
-        return self.version - lag if lag > 0 else None
-
-    def _sample(self):
-        """A replay sample once the rate limiter allows it; None when it says wait or nothing is recent enough."""
-        c = self.config
-        if not self.limiter.acquire_sample(c.batch_size, timeout=SAMPLE_WAIT_SECONDS):
-            return None
-        with self.replay_lock:
-            sample = self.step.sample(self._min_version())
-        if sample is None:  # every item is past max_policy_lag: wait for fresh ones
-            self.limiter.refund_sample(c.batch_size)
-        return sample
-
-    def _whole_step(self) -> bool:
-        """Sample, update and set priorities in one go (the captured step), once the rate limiter allows."""
-        c = self.config
-        if not self.limiter.acquire_sample(c.batch_size, timeout=SAMPLE_WAIT_SECONDS):
-            return False
-        with self.replay_lock, self.update_lock:
-            updated = self.step(self._min_version())
-        if not updated:
-            self.limiter.refund_sample(c.batch_size)
-            return False
-        self._updated()
-        return True
-
-    def _learn(self, sample) -> None:
-        """One update on ``sample`` and its new priorities."""
-        self.step.learn(sample, self.update_lock, self.replay_lock)
-        self._updated()
+        return self.progress.version - lag if lag > 0 else None
 
     def _updated(self) -> None:
         """Count an update; a new version every publish_every, the metrics every METRICS_EVERY."""
-        c = self.config
-        self.updates += 1
+        c, progress = self.config, self.progress
+        progress.updates += 1
         self.sample_meter.add(c.batch_size)
-        if self.updates % c.publish_every == 0:
-            self.version += 1
+        if progress.updates % c.publish_every == 0:
+            progress.version += 1
             self.publish()
-        if self.updates % METRICS_EVERY == 0:
-            metrics = self.step.read_metrics()
-            self.telemetry.scalars({**metrics, **self.rates(), **self.roles.scalars()}, self.updates)
+        if progress.updates % METRICS_EVERY == 0:
+            progress.write_metrics(self.step.read_metrics())
 
     def publish(self) -> None:
-        """Hand the current policy to publishing as :attr:`version`: copied now without waiting, sent by the
-        publisher thread."""
-        self.publishing.publish(self.version, self.algorithm.policy_tensors())
+        """Hand the current policy to publishing as the current version: copied now without waiting, sent by
+        the publisher thread."""
+        self.publishing.publish(self.progress.version, self.algorithm.policy_tensors())
+
+    def retune(self, config: LearnerConfig, algorithm_config: Any) -> None:
+        """Take runtime parameters between two updates."""
+        with self.update_lock:
+            self.algorithm.retune(algorithm_config)
+        self.config = config
+
+    def report(self, response: pb.StatusResponse) -> None:
+        response.sample_rate = self.sample_meter.rate()
+
+    def metrics(self) -> list[Metric]:
+        return [Metric("samples_per_second", "Transitions sampled per second.", self.sample_meter.rate())]
+
+
+_NO_CREDIT = contextlib.nullcontext(False)
+"""A round that does not train asks for no leave to sample."""

@@ -1,0 +1,233 @@
+"""The learner's replay service: the buffer and all that guards it (rate limiter, lock, seq table), offering
+exactly-once inserts, sampling credit, priority updates and checkpoint snapshots."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+import torch
+
+from actorlearner import telemetry
+from actorlearner.config import LearnerConfig
+from actorlearner.frames import FrameLayout, default_frame_capacity
+from actorlearner.metrics import Metric
+from actorlearner.replay import PrioritizedReplay, RateLimiter, ReplaySnapshot, make_replay
+from actorlearner.v1 import learner_pb2 as pb
+
+COPY_UNLOCKED_BYTES = 1 << 18
+"""Batches of at least this many bytes are copied into the replay outside its lock, so that several
+streams copy at once; smaller ones in the same hold as the reserve and commit (one lock round, not two)."""
+
+LIMITER_POLL_SECONDS = 0.25
+"""How often a batch waiting on the rate limiter checks whether its stream or the learner ended."""
+
+
+class InsertAborted(Exception):
+    """A batch given up before it was stored, through no fault of the actor: its stream ended or
+    the learner is draining. It was not acked, so the actor resends it."""
+
+
+class Credit:
+    """Rate-limiter leave to sample ``n`` items, taken on entry; given back on exit unless :meth:`spend` was
+    called. False when the limiter said wait."""
+
+    def __init__(self, limiter: RateLimiter | None, n: int, timeout: float):
+        self._limiter, self._n = limiter, n
+        self._granted = limiter is not None and limiter.acquire_sample(n, timeout=timeout)
+
+    def __bool__(self) -> bool:
+        return self._granted
+
+    def spend(self) -> None:
+        """The sample was trained on: the leave is used up."""
+        self._granted = False
+
+    def __enter__(self) -> Credit:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._granted:
+            self._granted = False
+            self._limiter.refund_sample(self._n)
+
+
+class ReplayService:
+    """The replay buffer (its path chosen by `make_replay`), the rate limiter, the lock every buffer call runs
+    under, and the seq table: the highest stored seq per actor id, the duplicate filter, which changes
+    with the buffer's contents.
+
+    Inserts from many gRPC threads: each reserves its rows under the lock, copies them without it (when
+    large) and commits under it again. :meth:`quiesced` waits for open inserts, for a state of the
+    learner as of one instant; :meth:`seal` refuses every later insert, so that none is acked after the
+    final checkpoint. ``stopping`` (the learner's) gives up inserts waiting on the limiter.
+    """
+
+    def __init__(self, config: LearnerConfig, fields: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+                 frames: FrameLayout | None, device: torch.device, stopping: threading.Event):
+        frame_capacity = (config.replay_frames or default_frame_capacity(frames, fields, config.replay_capacity)
+                          if frames is not None else 0)
+        self.buffer: PrioritizedReplay = make_replay(
+            config.replay_capacity, fields, alpha=config.alpha, beta=config.beta, beta_steps=config.beta_steps,
+            device=device, frames=frames, frame_capacity=frame_capacity)
+        self.limiter = RateLimiter(config.min_replay_size, config.samples_per_insert, config.rate_error_buffer)
+        self.checkpointed = config.checkpoint_replay  # whether checkpoints hold the buffer
+        self.stopping = stopping
+        self.seq_table: dict[str, int] = {}
+        self.insert_meter = telemetry.RateMeter()
+        self._lock = threading.Lock()
+        self.inserts_changed = threading.Condition(self._lock)  # an insert committed, or the gate opened
+        self.gate_closed = False  # a checkpoint waits for open inserts: no new ones start meanwhile
+        self._sealed = False  # set before the final checkpoint: later inserts are refused, not acked
+
+    def __len__(self) -> int:
+        return len(self.buffer)
+
+    # -- inserts -------------------------------------------------------------------------------
+
+    def stored_seq(self, actor_id: str) -> int:
+        """The highest seq stored from ``actor_id`` (-1 for none)."""
+        return self.seq_table.get(actor_id, -1)
+
+    def insert(self, actor_id: str, seq: int, arrays: Mapping, n: int, priorities, policy_version: int,
+               ended: threading.Event, committed: Callable[[], None]) -> bool:
+        """Store a checked batch of ``n`` items unless ``seq`` was stored from ``actor_id`` meanwhile: True if
+        stored.
+
+        Waits for the rate limiter's room (backpressure) until ``ended`` (its stream) or the learner
+        stops: :class:`InsertAborted`. ``committed`` runs under the lock as the batch becomes
+        sampleable: exactly once per stored batch. On any failure nothing of the batch stays stored,
+        its credit is given back and the seq table is as before.
+        """
+        self._acquire_insert(n, ended)
+        reservation, inserted, previous = None, False, -1
+        try:
+            with self._lock:
+                while self.gate_closed:
+                    self.inserts_changed.wait()
+                if self._sealed:
+                    raise InsertAborted("the learner is shutting down")
+                previous = self.seq_table.get(actor_id, -1)
+                if seq > previous:  # not stored meanwhile by another stream: claim it
+                    reservation = self.buffer.reserve(arrays, priorities, policy_version=policy_version)
+                    self.seq_table[actor_id] = seq
+                    if sum(a.nbytes for a in arrays.values()) < COPY_UNLOCKED_BYTES:
+                        self.buffer.write(reservation)
+                        inserted = self._commit(reservation, committed)
+            if reservation is not None and not inserted:
+                self.buffer.write(reservation)  # no lock: other streams copy their batches meanwhile
+                with self._lock:
+                    inserted = self._commit(reservation, committed)
+        finally:
+            if not inserted:
+                self.limiter.refund_insert(n)
+                if reservation is not None:  # the write failed: nothing of the batch is stored, it may come again
+                    with self._lock:
+                        self.buffer.abort(reservation)
+                        if self.seq_table.get(actor_id) == seq:
+                            self.seq_table[actor_id] = previous
+                        self.inserts_changed.notify_all()
+        if inserted:
+            self.insert_meter.add(n)
+        return inserted
+
+    def _commit(self, reservation, committed: Callable[[], None]) -> bool:
+        self.buffer.commit(reservation)
+        committed()
+        self.inserts_changed.notify_all()
+        return True
+
+    def _acquire_insert(self, n: int, ended: threading.Event) -> None:
+        while not self.limiter.acquire_insert(n, timeout=LIMITER_POLL_SECONDS):
+            if self.stopping.is_set():
+                raise InsertAborted("the learner is shutting down")
+            if ended.is_set():
+                raise InsertAborted("the stream ended")
+        if ended.is_set():
+            self.limiter.refund_insert(n)
+            raise InsertAborted("the stream ended")
+
+    def forget(self, actor_ids: Iterable[str]) -> None:
+        """Drop these actors' seqs: a batch from them is new again."""
+        with self._lock:
+            for actor_id in actor_ids:
+                self.seq_table.pop(actor_id, None)
+
+    def seal(self) -> None:
+        """Refuse every insert from now on (its batch stays unacked, and is resent to the next learner)."""
+        with self._lock:
+            self._sealed = True
+
+    def close(self) -> None:
+        """Release every caller waiting on the rate limiter; the learner is stopping."""
+        self.limiter.close()
+
+    # -- sampling ------------------------------------------------------------------------------
+
+    def credit(self, n: int, timeout: float) -> Credit:
+        """Leave to sample ``n`` items once the rate limiter gives it (within ``timeout``): use it in a ``with``."""
+        return Credit(self.limiter, n, timeout)
+
+    def locked(self) -> contextlib.AbstractContextManager:
+        """Hold the lock every buffer call runs under (sampling and priority updates)."""
+        return self._lock
+
+    # -- the state as of one instant, and changes to it ----------------------------------------
+
+    @contextlib.contextmanager
+    def quiesced(self) -> Iterator[None]:
+        """Hold the lock with no insert open (new ones wait): every part's state as of one instant."""
+        with self._lock:
+            self.gate_closed = True
+            try:
+                self.inserts_changed.wait_for(lambda: self.buffer.pending == 0)
+            finally:
+                self.gate_closed = False
+                self.inserts_changed.notify_all()
+            yield
+
+    def state(self) -> dict:
+        """Within :meth:`quiesced`: the seq table and the limiter's counts. The limiter's inserts are the
+        buffer's own, not those of batches admitted but not stored yet (dropped if the learner stops first)."""
+        return {"seq_table": dict(self.seq_table), "inserts": self.buffer.inserted - self.buffer.abandoned,
+                "samples": self.limiter.samples, "shift": self.limiter.shift}
+
+    def snapshot(self) -> ReplaySnapshot | None:
+        """Within :meth:`quiesced`: the buffer as of now, read out later in chunks while inserts go on (None
+        when checkpoints leave the buffer out). Close it when done."""
+        return self.buffer.snapshot(self._lock) if self.checkpointed else None
+
+    def load_state(self, state: Mapping, buffer: Mapping | None) -> None:
+        """A checkpoint's seq table, and its buffer with the limiter's counts (without it both start empty)."""
+        if buffer is not None:
+            self.buffer.load_state_dict(buffer)
+            self.limiter.load_state_dict(state)
+        self.seq_table = {str(k): int(v) for k, v in state["seq_table"].items()}
+
+    def retune(self, config: LearnerConfig) -> None:
+        """Take runtime parameters: the limiter's ratio, the buffer's exponents."""
+        if config.samples_per_insert != self.limiter.samples_per_insert:
+            self.limiter.retarget(config.samples_per_insert)
+        if (config.alpha, config.beta) != (self.buffer.alpha, self.buffer.beta0):
+            with self.quiesced():
+                self.buffer.set_exponents(config.alpha, config.beta)
+
+    # -- reports -------------------------------------------------------------------------------
+
+    def gauges(self) -> dict[str, float]:
+        return {telemetry.REPLAY_SIZE: len(self.buffer), telemetry.REPLAY_INSERT_RATE: self.insert_meter.rate()}
+
+    def report(self, response: pb.StatusResponse) -> None:
+        response.buffer_size, response.insert_rate = len(self.buffer), self.insert_meter.rate()
+
+    def metrics(self) -> list[Metric]:
+        return [
+            Metric("buffer_size", "Transitions in the replay buffer.", len(self.buffer)),
+            Metric("inserts_per_second", "Transitions inserted per second.", self.insert_meter.rate()),
+            Metric("inserts_waiting", "Batches waiting for the rate limiter's room (backpressure on actors).",
+                   self.limiter.waiting["inserts"]),
+        ]
+
+    def progress(self) -> dict:
+        return {"buffer_size": len(self.buffer), "buffer_capacity": self.buffer.capacity}
