@@ -76,6 +76,7 @@ def main(rank: int, world: int, address: str, checkpoint_dir: str, steps: int, o
     result["steps"] = []
     for _ in range(steps):
         assert learner.training.train_step()
+        learner.publishing.flush()  # a version this step published is out
         result["steps"].append({"algorithm": digest(learner.algorithm.state_dict()), "version": learner.version,
                                 "updates": learner.updates, "policy": hashlib.sha256(learner.broadcast.payload).hexdigest()})
     learner.checkpoint()

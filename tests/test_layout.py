@@ -37,6 +37,40 @@ def imported_units(path: Path) -> set[str]:
     return found
 
 
+def module_name(path: Path) -> str:
+    """A module's dotted name under actorlearner (a package's ``__init__`` is the package)."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The actorlearner modules a module imports (``from a.b import c`` names ``a.b.c`` when that is a module)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "actorlearner" and ((PACKAGE.joinpath(*parts[1:]).with_suffix(".py")).exists()
+                                               or (PACKAGE.joinpath(*parts[1:]) / "__init__.py").exists()):
+                found.add(".".join(parts[1:]))
+    return found
+
+
+def module_graph(package: str) -> dict[str, set[str]]:
+    """Imports among the modules of one package (its ``__init__``, which re-exports them, left out)."""
+    graph: dict[str, set[str]] = {}
+    for path in modules():
+        name = module_name(path)
+        if name.startswith(f"{package}.") and path.name != "__init__.py":
+            graph[name] = {m for m in imported_modules(path) if m.startswith(f"{package}.") and m != name}
+    return graph
+
+
 def dependency_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for path in modules():
@@ -87,6 +121,38 @@ def test_no_module_is_longer_than_the_limit():
 
 def test_no_part_of_the_tree_imports_a_part_that_imports_it_back():
     assert cycles(dependency_graph()) == []
+
+
+def test_no_module_imports_a_module_of_its_package_that_imports_it_back():
+    packages = sorted({unit(p) for p in modules() if p.parent != PACKAGE})
+    found = {package: groups for package in packages if (groups := cycles(module_graph(package)))}
+    assert found == {}
+    assert module_graph("learner")["learner.learner"] >= {"learner.trainer", "learner.replay_service"}  # it looks
+
+
+def constructor_arguments(package: str) -> dict[str, list[tuple[str, str]]]:
+    """Each class of ``package`` by name: its ``__init__``'s arguments besides self and config, (name, annotation)."""
+    found = {}
+    for path in modules():
+        if unit(path) != package:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                        args = item.args.posonlyargs + item.args.args + item.args.kwonlyargs
+                        found[node.name] = [(a.arg, ast.unparse(a.annotation) if a.annotation else "")
+                                            for a in args if a.arg not in ("self", "config")]
+    return found
+
+
+def test_the_learners_parts_take_few_arguments_and_no_lock():
+    arguments = constructor_arguments("learner")
+    assert {"Learner", "TrainingLoop", "Ingest", "ReplayService", "Evaluation"} <= set(arguments)
+    assert {name: len(args) for name, args in arguments.items() if len(args) > 6} == {}
+    locks = {name: arg for name, args in arguments.items() for arg in args
+             if any(kind in arg[0] + arg[1] for kind in ("lock", "Lock", "Condition", "Semaphore"))}
+    assert locks == {}
 
 
 def test_the_cycle_check_finds_a_two_way_and_a_three_way_import():

@@ -37,7 +37,7 @@ SERVER_STOP_GRACE_SECONDS = SHUTDOWN_GRACE_SECONDS + 3.0
 """The server's grace on stop: past the Shutdown wait, so that every stream ends with OK, not cancelled."""
 
 
-class LockedSend:
+class SerialSend:
     """gRPC's ``send_response`` for one non-blocking call, one send at a time: a message, or None for
     the status. Each call returns once gRPC has taken the message."""
 
@@ -54,7 +54,7 @@ class LearnerServedStream(ServedStream):
     """One Connect stream into the learner: the actor's ``session`` with the learner (a relay's own,
     for a relay's stream), the policy broadcast it follows, the roles' ``feed``, and what the learner sent on it."""
 
-    def __init__(self, session: ActorSession, broadcast: PolicyBroadcast, send: LockedSend, feed: StreamFeed):
+    def __init__(self, session: ActorSession, broadcast: PolicyBroadcast, send: SerialSend, feed: StreamFeed):
         super().__init__(session.record.actor_id, session.record.relay)
         self.session = session
         self.broadcast = broadcast
@@ -94,7 +94,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         Non-blocking (gRPC's ``experimental_non_blocking``): this thread sends what :meth:`_serve` yields
         and the status, and the stream's reader sends each ack itself, without a hand-off between threads.
         """
-        send = LockedSend(send_response)
+        send = SerialSend(send_response)
         with self._cap.slot(context):
             for message in self._serve(parsed(request_iterator), context, send):
                 send(message)
@@ -102,7 +102,7 @@ class LearnerService(pb_grpc.LearnerServicer):
 
     Connect.experimental_non_blocking = True
 
-    def _serve(self, request_iterator, context, send: LockedSend):
+    def _serve(self, request_iterator, context, send: SerialSend):
         hello = read_hello(request_iterator, context, self.learner.config.hello_timeout)
         if hello is None:
             return
