@@ -57,8 +57,7 @@ from bench_replay import Ours as ReplayOurs
 
 from actorlearner.algorithms.registry import make_spec
 from actorlearner.learner.step import LearnerStep
-from actorlearner.replay import PrioritizedReplay
-from actorlearner.replay.device import DeviceReplay
+from actorlearner.replay import make_replay
 
 CARTPOLE = gym.spaces.Box(np.array([-4.8, -np.inf, -0.41887903, -np.inf], np.float32),
                           np.array([4.8, np.inf, 0.41887903, np.inf], np.float32), dtype=np.float32)
@@ -206,7 +205,7 @@ def alternate(contenders: dict, runs: int, seconds: float, sync, slices: int = 5
 
 def build(spec, capacity, kernels, items, priorities, device):
     trainer = spec.make_trainer(device=device)
-    replay = PrioritizedReplay(capacity, spec.transition_fields(), device=device, kernels=kernels)
+    replay = make_replay(capacity, spec.transition_fields(), device=device, kernels=kernels)
     n = len(priorities)
     for at in range(0, n, 10_000):
         replay.add({k: v[at:at + 10_000] for k, v in items.items()}, priorities=priorities[at:at + 10_000])
@@ -217,7 +216,7 @@ def capture_wanted(args, trainer, replay) -> bool:
     """Whether ``--capture`` asks this case's LearnerStep to run captured."""
     if args.capture != "auto":
         return args.capture == "require"
-    return (args.device == "cuda" and trainer.capturable and isinstance(replay, DeviceReplay)
+    return (args.device == "cuda" and trainer.capturable and replay.device_sampling() is not None
             and replay.device.type == "cuda")
 
 
@@ -231,8 +230,8 @@ def why_eager(step: LearnerStep, args) -> str:
         reasons.append(f"the replay is on {replay.device.type} (LearnerStep captures on CUDA only)")
     if not trainer.capturable:
         reasons.append(f"{type(trainer).__name__} is not capturable")
-    if not isinstance(replay, DeviceReplay):
-        reasons.append(f"the replay is a {type(replay).__name__}, not on the device path")
+    if replay.device_sampling() is None:
+        reasons.append(f"the replay is a {type(replay).__name__}, with no device sampling (not the device path)")
     elif torch.device(trainer.device) != replay.device:
         reasons.append(f"the trainer is on {trainer.device}, the replay on {replay.device}")
     return "; ".join(reasons) or "LearnerStep did not capture (no error recorded)"
@@ -277,15 +276,18 @@ def learner_case(name: str, args, sync) -> dict:
 
 
 class GraphedReplay:
-    """Ours on CUDA: the host half (`start_sample`), then draw + update_priorities replayed as one captured
-    CUDA graph; eager device operations when capture fails (``error`` says why) and for any call whose
-    ``start_sample`` refuses (``fallbacks`` counts them)."""
+    """Ours on CUDA: the host half (`start_sample` of its `device_sampling()`), then draw + update_priorities
+    replayed as one captured CUDA graph; eager device operations when capture fails (``error`` says why) and
+    for any call whose ``start_sample`` refuses (``fallbacks`` counts them)."""
 
     def __init__(self, buffer, batch_size: int):
         self.buffer, self.batch = buffer, batch_size
+        self.sampling = buffer.device_sampling()
         self.priorities = torch.rand(batch_size, dtype=torch.float64, device=buffer.device) + 0.01
         self.graph, self.error, self.fallbacks = None, None, 0
         try:
+            if self.sampling is None:
+                raise RuntimeError(f"a {type(buffer).__name__} has no device sampling")
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
@@ -293,10 +295,10 @@ class GraphedReplay:
                     self.eager()
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            if not buffer.start_sample(batch_size):
+            if not self.sampling.start_sample(batch_size):
                 raise RuntimeError("start_sample refused the draw")
             with torch.cuda.graph(graph):
-                sample = buffer.draw(batch_size)
+                sample = self.sampling.draw(batch_size)
                 buffer.update_priorities(sample.indices, self.priorities)
             self.graph = graph
         except Exception as exc:  # noqa: BLE001 (report and measure the eager device path instead)
@@ -308,7 +310,7 @@ class GraphedReplay:
         self.buffer.update_priorities(sample.indices, self.priorities)
 
     def __call__(self) -> None:
-        if self.graph is not None and self.buffer.start_sample(self.batch):
+        if self.graph is not None and self.sampling.start_sample(self.batch):
             self.graph.replay()
         else:
             self.fallbacks += self.graph is not None

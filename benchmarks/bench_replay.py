@@ -24,7 +24,7 @@ import time
 import numpy as np
 import torch
 
-from actorlearner.replay import PrioritizedReplay
+from actorlearner.replay import PrioritizedReplay, make_replay
 
 ALPHA, BETA, EPS = 0.6, 0.4, 1e-6
 CASES = {  # name -> (capacity, observation shape, observation dtype)
@@ -53,7 +53,7 @@ class Ours:
 
     def __init__(self, capacity, fields, device, branching):
         torch_fields = {k: (s, torch.from_numpy(np.empty(0, d)).dtype) for k, (s, d) in fields.items()}
-        self.buffer = PrioritizedReplay(capacity, torch_fields, alpha=ALPHA, beta=BETA, eps=EPS, device=device,
+        self.buffer = make_replay(capacity, torch_fields, alpha=ALPHA, beta=BETA, eps=EPS, device=device,
                                         branching=branching)
         self.device = torch.device(device)
 
@@ -132,8 +132,8 @@ def run_case(case, batch_sizes, runs, seconds, device, add_chunk, branching):
 
 FIRST_USE = """
 import time, numpy as np, torch
-from actorlearner.replay import PrioritizedReplay
-buf = PrioritizedReplay(1000, {"obs": ((4,), torch.float32), "action": ((), torch.int64)})
+from actorlearner.replay import PrioritizedReplay, make_replay
+buf = make_replay(1000, {"obs": ((4,), torch.float32), "action": ((), torch.int64)})
 began = time.perf_counter()
 buf.add({"obs": np.ones((300, 4), np.float32), "action": np.arange(300)})
 sample = buf.sample(32)

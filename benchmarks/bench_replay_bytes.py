@@ -27,7 +27,7 @@ from actorlearner import wire
 from actorlearner.actor.frames import FrameIds, FramePending
 from actorlearner.algorithms import make_spec
 from actorlearner.frames import algorithm_frames, batch_fields, default_frame_capacity
-from actorlearner.replay import PrioritizedReplay
+from actorlearner.replay import make_replay
 from actorlearner.replay.layout import KEY, VERSION, row_layout
 
 FRAME, K = (84, 84), 4
@@ -62,7 +62,7 @@ def measure(algorithm: str, steps: int, envs: int, batch_size: int) -> dict:
     layout, by_ids = algorithm_frames(spec)
     stored = by_ids.transition_fields()
     policy = spec.make_policy() if algorithm == "r2d2" else None  # R2D2's sequences carry its recurrent state
-    replay = PrioritizedReplay(100_000, stored, frames=layout, frame_capacity=1_000_000)
+    replay = make_replay(100_000, stored, frames=layout, frame_capacity=1_000_000)
     assembler, frame_ids = by_ids.make_assembler(envs, policy), FrameIds(envs, K)
     pending = FramePending(frame_ids, layout)
     fields = batch_fields(layout, stored)

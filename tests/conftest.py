@@ -41,7 +41,7 @@ REPLAY_PATHS = [
 
 @pytest.fixture(params=REPLAY_PATHS)
 def replay_path(request) -> dict:
-    """Keyword arguments of :class:`PrioritizedReplay` naming one kernel path."""
+    """Keyword arguments of :func:`~actorlearner.replay.make_replay` naming one kernel path."""
     return request.param
 
 

@@ -12,7 +12,7 @@ from actorlearner.algorithms import make_spec, registry
 from actorlearner.audit import DeviceLaunches, HostReads, HostTraffic, state_addresses
 from actorlearner.learner.step import LearnerStep
 from actorlearner.networks import UnsupportedSpace
-from actorlearner.replay import PrioritizedReplay
+from actorlearner.replay import PrioritizedReplay, make_replay
 
 INTERPRETED = pytest.mark.skipif(not INTERPRETING_TRITON, reason="triton compiles its kernels in this process: "
                                  "tests/test_triton_tree.py reruns this module in one that interprets them")
@@ -53,7 +53,7 @@ def random_items(fields, n: int, rng: np.random.Generator) -> dict[str, np.ndarr
 
 
 def filled_replay(fields, device: str, n: int = 512, versions: int = 4, kernels: str = "torch") -> PrioritizedReplay:
-    replay = PrioritizedReplay(1024, fields, device=device, kernels=kernels)
+    replay = make_replay(1024, fields, device=device, kernels=kernels)
     rng = np.random.default_rng(0)
     for version in range(versions):
         replay.add(random_items(fields, n // versions, rng), priorities=rng.random(n // versions) + 0.1,
@@ -238,7 +238,7 @@ def test_inserts_and_evictions_never_wait_for_the_device(kernels):
     uploads its slots the same way. Nothing blocks and nothing reads a device value, and what went in is
     what the replay holds."""
     fields = {"obs": ((4,), torch.float32), "action": ((), torch.int64)}
-    replay = PrioritizedReplay(100, fields, alpha=1.0, kernels=kernels)
+    replay = make_replay(100, fields, alpha=1.0, kernels=kernels)
     rng = np.random.default_rng(3)
     highest = 1.0  # the replay's initial maximum priority
     with HostTraffic(replay) as traffic:
@@ -267,7 +267,7 @@ def test_a_sample_and_update_with_the_triton_kernels_is_seven_launches_below_17_
     height + 5. 100,000 items have the height of a million (2); up to 16**3 * 4096 items it stays 2 or
     less. The host half (``start_sample``) fills beta: one more launch, outside a captured graph."""
     fields = {"obs": ((4,), torch.float32), "action": ((), torch.int64)}
-    replay = PrioritizedReplay(100_000, fields, kernels="triton")
+    replay = make_replay(100_000, fields, kernels="triton")
     rng = np.random.default_rng(4)
     for _ in range(10):
         replay.add(random_items(fields, 10_000, rng), priorities=rng.random(10_000) + 0.01)

@@ -18,7 +18,7 @@ from actorlearner.actor.frames import FrameIds, FramePending
 from actorlearner.algorithms import make_spec
 from actorlearner.envs import make_vector_env
 from actorlearner.frames import STACKED_FRAMES, algorithm_frames, batch_fields, frame_id_space, frame_stack_of
-from actorlearner.replay import PrioritizedReplay
+from actorlearner.replay import PrioritizedReplay, make_replay
 from actorlearner.replay.layout import gather_rows
 from actorlearner.v1 import learner_pb2 as pb
 
@@ -166,7 +166,7 @@ def test_samples_equal_the_reference_stacks_across_wraps_drops_resends_and_check
     steps = 3 if algorithm == "r2d2" else 1  # new frames an item brings, about
 
     def replay(frame_capacity: int, kind: str = kernels) -> PrioritizedReplay:
-        return PrioritizedReplay(50, stored_fields(algorithm), device=device, kernels=kind, frames=layout,
+        return make_replay(50, stored_fields(algorithm), device=device, kernels=kind, frames=layout,
                                  frame_capacity=frame_capacity * steps)
 
     roomy, tight = replay(400), replay(60)  # tight: frames run out before items do, so items drop early
@@ -198,7 +198,7 @@ def stored_fields(algorithm: str) -> dict:
 
 def test_a_batch_referring_outside_its_frames_is_refused_and_changes_nothing(played):
     algorithm, _, batches, layout = played
-    replay = PrioritizedReplay(50, stored_fields(algorithm), frames=layout, frame_capacity=1000)
+    replay = make_replay(50, stored_fields(algorithm), frames=layout, frame_capacity=1000)
     replay.add(batches[0])
     bad = dict(batches[1])
     bad["obs"] = bad["obs"].copy()

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from actorlearner.replay import PrioritizedReplay
+from actorlearner.replay import PrioritizedReplay, make_replay
 from replay_stats import chi_square_passes
 
 FIELDS = {
@@ -40,7 +40,7 @@ def assert_consistent(sample) -> None:
 
 
 def test_add_returns_keys_and_stores_fields(replay_path):
-    buf = PrioritizedReplay(100, FIELDS, **replay_path)
+    buf = make_replay(100, FIELDS, **replay_path)
     keys = buf.add(batch(0, 30))
     assert keys.cpu().tolist() == list(range(30)) and len(buf) == 30 and buf.inserted == 30
     sample = buf.sample(16)
@@ -50,13 +50,13 @@ def test_add_returns_keys_and_stores_fields(replay_path):
 
 
 def test_numpy_input_is_accepted(replay_path):
-    buf = PrioritizedReplay(10, FIELDS, **replay_path)
+    buf = make_replay(10, FIELDS, **replay_path)
     buf.add({k: v.numpy() for k, v in batch(0, 5).items()}, priorities=np.ones(5))
     assert_consistent(buf.sample(5))
 
 
 def test_wraparound_keeps_newest_and_batches_larger_than_capacity(replay_path):
-    buf = PrioritizedReplay(10, FIELDS, **replay_path)
+    buf = make_replay(10, FIELDS, **replay_path)
     buf.add(batch(0, 7))
     buf.add(batch(7, 8))  # wraps: items 5..14 remain
     assert len(buf) == 10
@@ -71,7 +71,7 @@ def test_wraparound_keeps_newest_and_batches_larger_than_capacity(replay_path):
 
 def test_sampling_frequencies_follow_priority_to_the_alpha(replay_path):
     alpha = 0.6
-    buf = PrioritizedReplay(50, FIELDS, alpha=alpha, eps=0.0, **replay_path)
+    buf = make_replay(50, FIELDS, alpha=alpha, eps=0.0, **replay_path)
     rng = np.random.default_rng(0)
     priorities = rng.uniform(0.01, 5.0, size=50)
     buf.add(batch(0, 50), priorities=priorities)
@@ -87,7 +87,7 @@ def test_sampling_frequencies_follow_priority_to_the_alpha(replay_path):
 
 def test_importance_weights_closed_form(replay_path):
     alpha, beta = 0.5, 0.4
-    buf = PrioritizedReplay(4, FIELDS, alpha=alpha, beta=beta, eps=0.0, **replay_path)
+    buf = make_replay(4, FIELDS, alpha=alpha, beta=beta, eps=0.0, **replay_path)
     p = np.array([1.0, 4.0, 9.0, 16.0])
     buf.add(batch(0, 4), priorities=p)
     sample = buf.sample(4)  # stratified over 4 equal strata: p**alpha = 1, 2, 3, 4 (sum 10)
@@ -101,7 +101,7 @@ def test_importance_weights_closed_form(replay_path):
 
 
 def test_beta_anneals_to_one(replay_path):
-    buf = PrioritizedReplay(10, FIELDS, beta=0.4, beta_steps=4, **replay_path)
+    buf = make_replay(10, FIELDS, beta=0.4, beta_steps=4, **replay_path)
     buf.add(batch(0, 10), priorities=np.arange(1, 11))
     betas = []
     for _ in range(6):
@@ -111,7 +111,7 @@ def test_beta_anneals_to_one(replay_path):
 
 
 def test_new_items_get_max_priority_seen(replay_path):
-    buf = PrioritizedReplay(10, FIELDS, alpha=1.0, eps=0.0, **replay_path)
+    buf = make_replay(10, FIELDS, alpha=1.0, eps=0.0, **replay_path)
     buf.add(batch(0, 2), priorities=[3.0, 0.5])
     buf.add(batch(2, 1))
     leaves = buf._tree.leaves.cpu()
@@ -119,7 +119,7 @@ def test_new_items_get_max_priority_seen(replay_path):
 
 
 def test_update_priorities_with_repeated_keys_last_wins(replay_path):
-    buf = PrioritizedReplay(10, FIELDS, alpha=1.0, eps=0.0, **replay_path)
+    buf = make_replay(10, FIELDS, alpha=1.0, eps=0.0, **replay_path)
     buf.add(batch(0, 10), priorities=np.ones(10))
     buf.update_priorities(torch.tensor([2, 2, 7, 2]), torch.tensor([5.0, 6.0, 0.0, 8.0]))
     leaves = buf._tree.leaves.cpu()
@@ -130,7 +130,7 @@ def test_update_priorities_with_repeated_keys_last_wins(replay_path):
 
 
 def test_stale_update_after_overwrite_is_ignored(replay_path):
-    buf = PrioritizedReplay(4, FIELDS, alpha=1.0, eps=0.0, **replay_path)
+    buf = make_replay(4, FIELDS, alpha=1.0, eps=0.0, **replay_path)
     buf.add(batch(0, 4), priorities=np.ones(4))
     sample = buf.sample(4)
     buf.add(batch(4, 2), priorities=[2.0, 2.0])  # overwrites slots 0 and 1 (keys 0, 1)
@@ -140,14 +140,14 @@ def test_stale_update_after_overwrite_is_ignored(replay_path):
 
 
 def test_a_stale_key_and_the_live_key_of_one_slot_in_one_update_the_live_one_wins(replay_path):
-    buf = PrioritizedReplay(4, FIELDS, alpha=1.0, eps=0.0, **replay_path)
+    buf = make_replay(4, FIELDS, alpha=1.0, eps=0.0, **replay_path)
     buf.add(batch(0, 6), priorities=np.ones(6))  # keys 4 and 5 live in the slots of keys 0 and 1
     buf.update_priorities(torch.tensor([4, 0, 1, 5, 1]), torch.tensor([7.0, 50.0, 60.0, 9.0, 70.0]))
     assert buf._tree.leaves.cpu().tolist() == [7.0, 9.0, 1.0, 1.0]
 
 
 def test_all_zero_priorities_fall_back_to_uniform(replay_path):
-    buf = PrioritizedReplay(20, FIELDS, eps=0.0, **replay_path)
+    buf = make_replay(20, FIELDS, eps=0.0, **replay_path)
     buf.add(batch(0, 8), priorities=np.zeros(8))
     drawn = torch.cat([buf.sample(8).indices for _ in range(50)]).cpu()
     assert set(drawn.tolist()) == set(range(8))
@@ -155,7 +155,7 @@ def test_all_zero_priorities_fall_back_to_uniform(replay_path):
 
 
 def test_min_policy_version_excludes_older_items(replay_path):
-    buf = PrioritizedReplay(100, FIELDS, **replay_path)
+    buf = make_replay(100, FIELDS, **replay_path)
     buf.add(batch(0, 30), policy_version=torch.arange(30) // 10)  # versions 0, 1, 2
     sample = buf.sample(30, min_policy_version=1)
     assert sample.policy_version.min().item() >= 1
@@ -170,19 +170,19 @@ def test_min_policy_version_excludes_older_items(replay_path):
 
 
 def test_state_dict_round_trip(replay_path):
-    buf = PrioritizedReplay(16, FIELDS, device="cpu")
+    buf = make_replay(16, FIELDS, device="cpu")
     buf.add(batch(0, 20), priorities=np.linspace(0.1, 2, 20), policy_version=3)
     buf.sample(4)
     state = buf.state_dict()
     assert all(isinstance(v, (torch.Tensor, int, float)) for v in state.values())
-    other = PrioritizedReplay(16, FIELDS, **replay_path)
+    other = make_replay(16, FIELDS, **replay_path)
     other.load_state_dict(state)
     assert len(other) == 16 and other.inserted == 20 and other.beta == buf.beta
     assert torch.equal(other._tree.leaves.cpu(), buf._tree.leaves)
     sample = other.sample(16)
     assert_consistent(sample)
     assert torch.all(sample.policy_version == 3)
-    back = PrioritizedReplay(16, FIELDS, device="cpu")
+    back = make_replay(16, FIELDS, device="cpu")
     back.load_state_dict(other.state_dict())
     assert torch.equal(back._tree.leaves, buf._tree.leaves)
 
@@ -190,7 +190,7 @@ def test_state_dict_round_trip(replay_path):
 def test_a_restored_buffer_continues_bit_for_bit(replay_path):
     """Saved mid-run with the RNG state, a new buffer of the same path samples, weighs, updates and evicts
     exactly as the first one goes on to do (the host's index of versions rebuilt from the state)."""
-    buf = PrioritizedReplay(48, FIELDS, **replay_path)
+    buf = make_replay(48, FIELDS, **replay_path)
     for version in range(4):
         buf.add(batch(version * 20, 20), priorities=np.linspace(0.1, 2, 20), policy_version=version)
     first = buf.sample(8)
@@ -208,7 +208,7 @@ def test_a_restored_buffer_continues_bit_for_bit(replay_path):
         return out + [(replay._tree.leaves.cpu().clone(),)]
 
     want = go_on(buf)
-    restored = PrioritizedReplay(48, FIELDS, **replay_path)
+    restored = make_replay(48, FIELDS, **replay_path)
     restored.load_state_dict(state)
     (torch.cuda.set_rng_state if cuda else torch.set_rng_state)(rng)
     for a, b in zip(go_on(restored), want, strict=True):
@@ -217,12 +217,12 @@ def test_a_restored_buffer_continues_bit_for_bit(replay_path):
 
 
 def test_state_dict_mismatch_is_rejected():
-    buf = PrioritizedReplay(8, FIELDS)
+    buf = make_replay(8, FIELDS)
     buf.add(batch(0, 3))
     with pytest.raises(ValueError, match="capacity"):
-        PrioritizedReplay(9, FIELDS).load_state_dict(buf.state_dict())
+        make_replay(9, FIELDS).load_state_dict(buf.state_dict())
     with pytest.raises(ValueError, match="field"):
-        PrioritizedReplay(8, {"obs": ((4,), torch.float32)}).load_state_dict(buf.state_dict())
+        make_replay(8, {"obs": ((4,), torch.float32)}).load_state_dict(buf.state_dict())
 
 
 @pytest.mark.parametrize("make_bad,message", [
@@ -235,7 +235,7 @@ def test_state_dict_mismatch_is_rejected():
     (lambda b: list(b.values()), "must be a mapping"),
 ])
 def test_bad_batches_raise_and_change_nothing(replay_path, make_bad, message):
-    buf = PrioritizedReplay(10, FIELDS, **replay_path)
+    buf = make_replay(10, FIELDS, **replay_path)
     buf.add(batch(0, 3))
     with pytest.raises(ValueError, match=message):
         buf.add(make_bad(batch(3, 4)))
@@ -250,7 +250,7 @@ def test_bad_batches_raise_and_change_nothing(replay_path, make_bad, message):
     ([1.0, 1.0], "got 2 priorities for 4 items"),
 ])
 def test_bad_priorities_raise_and_change_nothing(replay_path, priorities, message):
-    buf = PrioritizedReplay(10, FIELDS, **replay_path)
+    buf = make_replay(10, FIELDS, **replay_path)
     buf.add(batch(0, 4), priorities=np.ones(4))
     before = buf._tree.leaves.clone()
     with pytest.raises(ValueError, match=message):
@@ -266,7 +266,7 @@ def test_bad_priorities_raise_and_change_nothing(replay_path, priorities, messag
 
 
 def test_bad_indices_and_batch_sizes(replay_path):
-    buf = PrioritizedReplay(10, FIELDS, **replay_path)
+    buf = make_replay(10, FIELDS, **replay_path)
     buf.add(batch(0, 4))
     before = buf._tree.leaves.clone()
     for keys in ([0, 4], [-1]):
@@ -287,6 +287,6 @@ def test_bad_indices_and_batch_sizes(replay_path):
 
 def test_invalid_construction():
     with pytest.raises(ValueError):
-        PrioritizedReplay(10, {})
+        make_replay(10, {})
     with pytest.raises(ValueError, match="beta"):
-        PrioritizedReplay(10, FIELDS, beta=1.5)
+        make_replay(10, FIELDS, beta=1.5)

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from actorlearner.replay import PrioritizedReplay
+from actorlearner.replay import make_replay
 from replay_reference import importance_weights, stratified_draws
 
 FIELDS = {"obs": ((3,), torch.float32), "action": ((), torch.int64)}
 
 _FIRST_USE = textwrap.dedent("""
     import json, numpy as np, torch
-    from actorlearner.replay import PrioritizedReplay, kernels
-    buf = PrioritizedReplay(1000, {"obs": ((3,), torch.float32), "action": ((), torch.int64)})
+    from actorlearner.replay import kernels, make_replay
+    buf = make_replay(1000, {"obs": ((3,), torch.float32), "action": ((), torch.int64)})
     buf.add({"obs": np.ones((300, 3), np.float32), "action": np.arange(300)})
     sample = buf.sample(32)
     buf.update_priorities(sample.indices, np.ones(32))
@@ -39,8 +39,8 @@ def test_kernels_compile_on_first_use_without_a_toolchain_and_load_from_the_cach
 
 
 def test_cpu_buffers_run_the_compiled_kernels_unless_told_otherwise():
-    assert PrioritizedReplay(8, FIELDS).compiled
-    assert not PrioritizedReplay(8, FIELDS, kernels="torch").compiled
+    assert make_replay(8, FIELDS).compiled
+    assert not make_replay(8, FIELDS, kernels="torch").compiled
 
 
 IMAGE_FIELDS = {"obs": ((16, 16, 3), torch.uint8), "action": ((), torch.int64)}  # wide rows: block copies
@@ -50,7 +50,7 @@ IMAGE_FIELDS = {"obs": ((16, 16, 3), torch.uint8), "action": ((), torch.int64)} 
 def test_compiled_and_torch_paths_agree_item_for_item(fields):
     """Same writes, same seed: the same draws, weights, rows and leaves on both paths, and the reference's."""
     rng = np.random.default_rng(3)
-    buffers = [PrioritizedReplay(500, fields, kernels=kind) for kind in ("auto", "torch")]
+    buffers = [make_replay(500, fields, kernels=kind) for kind in ("auto", "torch")]
     shape, dtype = fields["obs"]
     batches = [{"obs": torch.randint(0, 255, (70, *shape)).to(dtype).numpy(), "action": rng.integers(0, 9, 70)}
                for _ in range(9)]

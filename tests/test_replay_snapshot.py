@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from actorlearner.replay import PrioritizedReplay, SnapshotColumn
+from actorlearner.replay import PrioritizedReplay, SnapshotColumn, make_replay
 
 FIELDS = {
     "obs": ((3,), torch.float32),
@@ -24,7 +24,7 @@ def batch(start: int, n: int) -> dict[str, torch.Tensor]:
 
 def filled(replay_path: dict, capacity: int, inserted: int) -> PrioritizedReplay:
     """A buffer with ``inserted`` items of varied priorities and versions, sampled from a little."""
-    buf = PrioritizedReplay(capacity, FIELDS, **replay_path)
+    buf = make_replay(capacity, FIELDS, **replay_path)
     for start in range(0, inserted, 7):
         n = min(7, inserted - start)
         buf.add(batch(start, n), priorities=np.linspace(0.1, 3.0, n) + start, policy_version=start // 10)
@@ -138,7 +138,7 @@ def test_two_open_snapshots_each_keep_their_own_instant():
 def test_reads_racing_with_inserts_from_another_thread_see_the_instant():
     """Rows are copied without the lock while another thread overwrites them under it."""
     fields = {"frame": ((64, 64), torch.uint8), "action": ((), torch.int64)}
-    buf = PrioritizedReplay(2048, fields)
+    buf = make_replay(2048, fields)
     ids = torch.arange(16)
     wide = {"frame": torch.zeros(16, 64, 64, dtype=torch.uint8), "action": ids}
     for start in range(0, 2048 + 1000, 16):

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 triton = pytest.importorskip("triton")
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from actorlearner.replay import PrioritizedReplay, triton_tree  # noqa: E402
+from actorlearner.replay import make_replay, triton_tree  # noqa: E402
 from actorlearner.replay.sumtree import SumTree  # noqa: E402
 
 # One process runs the kernels interpreted or compiled, never both: what this one can't, a fresh one does.
@@ -302,7 +302,7 @@ REPLAY_SHAPES = [(50, 16), (5000, 16), (9000, 2)]
 def _replays(capacity: int, branching: int, device: str = "cpu", items: int = 0) -> tuple:
     """The same items in a replay of torch operations and one of Triton kernels (wrapping the ring)."""
     g = torch.Generator().manual_seed(capacity)
-    replays = [PrioritizedReplay(capacity, REPLAY_FIELDS, device=device, kernels=kernels, branching=branching)
+    replays = [make_replay(capacity, REPLAY_FIELDS, device=device, kernels=kernels, branching=branching)
                for kernels in ("torch", "triton")]
     for _ in range(3):
         n = (items or capacity) // 2 + 7

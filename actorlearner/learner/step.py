@@ -1,9 +1,10 @@
 """One learner step (replay sample -> algorithm update -> new priorities) as one device program.
 
-On CUDA, with the replay's device path and a `CapturableTrainer`, each phase of the step is captured
-once in a CUDA graph and replayed: a few launches a step and no host read. Everywhere else the same
-code runs eagerly. Metrics are summed on the device and read every so many steps (one host read,
-which also tells what the replay refused meanwhile: see `PrioritizedReplay.check_errors`).
+On CUDA, with a replay that has a `DeviceSampling` (`PrioritizedReplay.device_sampling`: the device
+path) and a `CapturableTrainer`, each phase of the step is captured once in a CUDA graph and replayed:
+a few launches a step and no host read. Everywhere else the same code runs eagerly. Metrics are summed
+on the device and read every so many steps (one host read, which also tells what the replay refused
+meanwhile: see `PrioritizedReplay.check_errors`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ from collections.abc import Callable, Hashable, Mapping
 import torch
 
 from actorlearner.algorithms import Trainer
-from actorlearner.replay import NothingRecentEnough, PrioritizedReplay
-from actorlearner.replay.buffer import Sample
-from actorlearner.replay.device import DeviceReplay
+from actorlearner.replay import DeviceSampling, NothingRecentEnough, PrioritizedReplay, Sample
 
 logger = logging.getLogger(__name__)
 
@@ -103,15 +102,17 @@ def _stacked(values: list[torch.Tensor]) -> torch.Tensor:
 class LearnerStep:
     """``step(min_policy_version)`` runs one step; :meth:`read_metrics` gives the metric means since the last read.
 
-    ``capture``: None captures on CUDA when the trainer and the replay allow it; False never does.
+    ``capture``: None captures on CUDA when the trainer and the replay allow it (the replay's
+    :class:`DeviceSampling` on CUDA, the trainer's device); False never does.
     Callers that must act between the sample and the update (data-parallel ranks agree there) use
     :meth:`sample` and :meth:`learn` instead, always eager.
     """
 
     def __init__(self, trainer: Trainer, replay: PrioritizedReplay, batch_size: int, *, capture: bool | None = None):
         self.trainer, self.replay, self.batch_size = trainer, replay, batch_size
-        can = (trainer.capturable and isinstance(replay, DeviceReplay) and replay.device.type == "cuda"
-               and torch.device(trainer.device) == replay.device)
+        self._sampling: DeviceSampling | None = replay.device_sampling()  # what a captured step draws through
+        can = (trainer.capturable and self._sampling is not None and self._sampling.device.type == "cuda"
+               and torch.device(trainer.device) == self._sampling.device)
         self.capture = can if capture is None else capture and can
         self._graphs: dict[Hashable, torch.cuda.CUDAGraph | int] = {}  # phase -> its graph, or warm-up steps so far
         self.capture_error: str | None = None
@@ -127,8 +128,8 @@ class LearnerStep:
             self.learn(sample)
             return True
         try:
-            drawable = self.replay.start_sample(self.batch_size, min_policy_version)
-            sample = None if drawable else self.replay.draw_on_host(self.batch_size)  # zero priorities: reads
+            drawable = self._sampling.start_sample(self.batch_size, min_policy_version)
+            sample = None if drawable else self._sampling.draw_on_host(self.batch_size)  # zero priorities: reads
         except NothingRecentEnough:
             return False
         if sample is not None:
@@ -162,7 +163,7 @@ class LearnerStep:
 
     def _device_step(self) -> Mapping[str, torch.Tensor]:
         """Draw, learn, set priorities: device work only (what a graph captures)."""
-        sample = self.replay.draw(self.batch_size)
+        sample = self._sampling.draw(self.batch_size)
         priorities, metrics = self.trainer.learn(sample)
         self.replay.update_priorities(sample.indices, priorities)
         return metrics

@@ -1,8 +1,10 @@
 """Prioritized experience replay: the :class:`PrioritizedReplay` interface and what its paths share.
 
-``PrioritizedReplay(...)`` builds the compiled CPU path (:mod:`~actorlearner.replay.compiled`)
-or the torch device path (:mod:`~actorlearner.replay.device`); both keep their items in the
-same rows (:mod:`~actorlearner.replay.layout`) and checkpoint the same way.
+:func:`~actorlearner.replay.factory.make_replay` builds the compiled CPU path
+(:mod:`~actorlearner.replay.compiled`) or the torch device path (:mod:`~actorlearner.replay.device`);
+both keep their items in the same rows (:mod:`~actorlearner.replay.layout`) and checkpoint the same
+way. The runtime values the device path also keeps on the device (alpha, the keys issued, the
+largest priority, the eviction version) change only through the hook methods named for them.
 """
 
 from __future__ import annotations
@@ -20,14 +22,15 @@ from actorlearner.frames import FrameLayout
 from actorlearner.replay.checkpoint import Checkpointing
 from actorlearner.replay.frame_ring import FRAME, FrameRing
 from actorlearner.replay.layout import KEY, VERSION, FieldSpec, gather_rows, numpy_dtype, row_layout, typed_columns
+from actorlearner.replay.sampling import DeviceSampling, NothingRecentEnough, Sample
 from actorlearner.replay.snapshot import ReplaySnapshot
 from actorlearner.replay.sumtree import CpuSumTree, SumTree
 from actorlearner.replay.versions import VersionIndex
 from actorlearner.wire import FRAMES
 
-
-class NothingRecentEnough(ValueError):
-    """Every stored item is older than ``min_policy_version``: nothing can be sampled yet."""
+KERNELS = ("auto", "torch", "triton")
+"""The kernel choices: the compiled path takes ``"auto"`` only, the device path any
+(:class:`~actorlearner.replay.device.DeviceReplay`)."""
 
 
 @dataclass(frozen=True)
@@ -44,25 +47,6 @@ class Reservation:
     """A frame-stacked replay's: the reservation of the batch's frames in its frame ring."""
 
 
-@dataclass(frozen=True)
-class Sample:
-    """One sampled batch.
-
-    Attributes:
-        indices: item keys (the item's insertion number, int64). A key names one item,
-            not a slot: once the slot is overwritten, updates for the old key are ignored.
-        weights: importance-sampling weights, float32, at most 1.
-        data: field name -> tensor of shape ``(batch, *field_shape)`` (views into one
-            gathered block of rows, so not contiguous; ``.contiguous()`` if you need it).
-        policy_version: version of the policy that produced each item, int64.
-    """
-
-    indices: torch.Tensor
-    weights: torch.Tensor
-    data: dict[str, torch.Tensor]
-    policy_version: torch.Tensor
-
-
 class PrioritizedReplay(Checkpointing, ABC):
     """Proportional prioritized replay (Schaul et al.) with batched, loop-free operations.
 
@@ -73,12 +57,10 @@ class PrioritizedReplay(Checkpointing, ABC):
     ``(N * P(i)) ** -beta`` divided by the largest possible weight; ``beta`` anneals
     linearly to 1 over ``beta_steps`` calls to :meth:`sample`.
 
-    ``PrioritizedReplay(...)`` builds one of two paths. On the CPU, ``kernels="auto"`` gives a
-    :class:`~actorlearner.replay.compiled.CompiledReplay`: add, sample and update as compiled
-    kernels (one call each, GIL released; :mod:`actorlearner.replay.kernels`). Any other device,
-    and ``"torch"`` or ``"triton"``, give a :class:`~actorlearner.replay.device.DeviceReplay`, what
-    CUDA runs: its Triton kernels on CUDA (``"auto"``), torch operations (``"torch"``), or its
-    Triton kernels wherever they run (``"triton"``: on the CPU in triton's interpreter, for tests).
+    An abstract base of two paths, which :func:`~actorlearner.replay.factory.make_replay` chooses
+    between: :class:`~actorlearner.replay.compiled.CompiledReplay` (compiled CPU kernels) and
+    :class:`~actorlearner.replay.device.DeviceReplay` (what CUDA runs). ``kernels`` is the device
+    path's choice of kernels (``"auto"``, ``"torch"``, ``"triton"``); the compiled path takes ``"auto"`` only.
 
     With ``frames`` (a :class:`~actorlearner.frames.FrameLayout`), the fields it names hold frame
     indices into each batch's ``frames`` field, and the frames are kept once, in a ring of
@@ -87,20 +69,6 @@ class PrioritizedReplay(Checkpointing, ABC):
 
     compiled: ClassVar[bool]
     """Whether this is the compiled CPU path."""
-    _paths: ClassVar[dict[bool, type[PrioritizedReplay]]] = {}  # compiled -> its class, as each is defined
-
-    def __init_subclass__(cls, *, compiled: bool, **kwargs):
-        super().__init_subclass__(**kwargs)
-        cls.compiled = compiled
-        PrioritizedReplay._paths[compiled] = cls
-
-    def __new__(cls, *args, device: str | torch.device = "cpu", kernels: str = "auto", **kwargs):
-        """The one place a path is chosen: the compiled kernels on the CPU unless told otherwise."""
-        if cls is PrioritizedReplay:
-            if kernels not in ("auto", "torch", "triton"):
-                raise ValueError(f"kernels must be 'auto', 'torch' or 'triton', got {kernels!r}")
-            cls = PrioritizedReplay._paths[torch.device(device).type == "cpu" and kernels == "auto"]
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -113,10 +81,12 @@ class PrioritizedReplay(Checkpointing, ABC):
         *,
         device: str | torch.device = "cpu",
         branching: int = 16,
-        kernels: str = "auto",  # read by __new__, which picked this class
+        kernels: str = "auto",
         frames: FrameLayout | None = None,
         frame_capacity: int = 0,
     ):
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels must be 'auto', 'torch' or 'triton', got {kernels!r}")
         if not fields:
             raise ValueError("fields must name at least one field")
         if alpha < 0 or not 0 <= beta <= 1 or eps < 0 or beta_steps < 1:
@@ -125,7 +95,7 @@ class PrioritizedReplay(Checkpointing, ABC):
         self.capacity = capacity
         self.fields = {name: (tuple(int(d) for d in shape), dtype) for name, (shape, dtype) in fields.items()}
         self.alpha, self.beta0, self.beta_steps, self.eps = alpha, beta, beta_steps, eps
-        self.device = torch.device(device)
+        self.device, self.kernels = torch.device(device), kernels
         self._tree = self._make_tree(branching)
         self._layout, row_bytes = row_layout({**self.fields, KEY: ((), torch.long), VERSION: ((), torch.long)})
         self._rows = torch.zeros((capacity, row_bytes), dtype=torch.uint8, device=self.device)
@@ -136,9 +106,11 @@ class PrioritizedReplay(Checkpointing, ABC):
         if frames is not None:
             if frame_capacity < 1:
                 raise ValueError(f"a frame-stacked replay needs frame_capacity >= 1, got {frame_capacity}")
-            store = PrioritizedReplay(frame_capacity, {FRAME: (frames.frame_shape, frames.frame_dtype)},
-                                      device=device, kernels=kernels, branching=branching)
+            store = type(self)(frame_capacity, {FRAME: (frames.frame_shape, frames.frame_dtype)},
+                               device=device, kernels=kernels, branching=branching)  # the same path
             self._frame_ring = FrameRing(frames, store)
+        # alpha, the keys issued, the largest priority and the eviction version change only through the
+        # hooks below (_set_alpha, _issue_keys, ...): the device path extends them to refill its device copies.
         self._max_priority = 1.0
         self._inserted = 0
         self._sample_calls = 0
@@ -180,7 +152,13 @@ class PrioritizedReplay(Checkpointing, ABC):
             leaves = torch.as_tensor(self._tree.state_dict()["leaves"]).cpu()
             leaves = torch.where(leaves > 0, leaves.pow(alpha / self.alpha), 0.0)
             self._tree.load_state_dict({"capacity": self.capacity, "leaves": leaves})
-        self.alpha, self.beta0 = alpha, beta
+        self._set_alpha(alpha)
+        self.beta0 = beta
+
+    @abstractmethod
+    def device_sampling(self) -> DeviceSampling | None:
+        """This replay's :class:`DeviceSampling` (what a captured learner step draws through), or None
+        where it has none (the compiled path)."""
 
     def add(self, batch: Mapping[str, torch.Tensor | np.ndarray], priorities=None,
             policy_version: int | torch.Tensor | np.ndarray = 0) -> torch.Tensor:
@@ -224,14 +202,14 @@ class PrioritizedReplay(Checkpointing, ABC):
             snapshot._save_rows_before_insert(dropped + n)
         if dropped:
             self._hide_for(self._inserted, min(dropped, self.capacity))
-            self._inserted += dropped
+            self._issue_keys(dropped)
             self.abandoned += dropped
         if n > self.capacity:
             skip = n - self.capacity
             columns = {name: col[skip:] for name, col in columns.items()}
             versions = versions[skip:] if len(versions) > 1 else versions
             priorities = None if priorities is None else priorities[skip:]
-            self._inserted += skip
+            self._issue_keys(skip)
             n = self.capacity
         frame_reservation = None
         if frames is not None:
@@ -241,7 +219,7 @@ class PrioritizedReplay(Checkpointing, ABC):
                                   frame_reservation)
         if n:
             self._hide_for(self._inserted, n)
-            self._inserted += n
+            self._issue_keys(n)
             self.pending += 1
         return reservation
 
@@ -353,6 +331,32 @@ class PrioritizedReplay(Checkpointing, ABC):
     def _zero_evicted(self, slots: np.ndarray) -> None:
         """Set to zero the leaves of those ``slots`` whose item's version is below the eviction version."""
 
+    # -- runtime values: the only writes (the device path extends each to refill its device copy) --
+
+    def _set_alpha(self, alpha: float) -> None:
+        """A new priority exponent."""
+        self.alpha = alpha
+
+    def _issue_keys(self, n: int) -> None:
+        """Issue the next ``n`` keys (reserved, skipped or dropped items alike)."""
+        self._inserted += n
+
+    def _raise_max_priority(self, priority: float) -> None:
+        """Raise the largest priority seen (new items' default) to at least ``priority``."""
+        self._max_priority = max(self._max_priority, priority)
+
+    def _read_max_priority(self) -> float:
+        """The largest priority seen (the device path reads it from the device: only snapshots ask)."""
+        return self._max_priority
+
+    def _set_min_version(self, version: int | None) -> None:
+        """The eviction version: items below it are never sampled again (None: none evicted)."""
+        self._min_version = version
+
+    def _restore_counters(self, inserted: int, max_priority: float) -> None:
+        """Keys issued and largest priority as a loaded state had them."""
+        self._inserted, self._max_priority = inserted, max_priority
+
     # -- shared helpers -----------------------------------------------------------------------
 
     def _check_batch(self, batch: Mapping) -> tuple[dict, int]:
@@ -386,7 +390,7 @@ class PrioritizedReplay(Checkpointing, ABC):
         if p.shape[0] != n:
             raise ValueError(f"got {p.shape[0]} priorities for {n} items")
         if n:
-            self._max_priority = max(self._max_priority, self._highest_priority(p))
+            self._raise_max_priority(self._highest_priority(p))
         return p
 
     def _sample_of_rows(self, rows: torch.Tensor, weights: torch.Tensor) -> Sample:
@@ -406,7 +410,7 @@ class PrioritizedReplay(Checkpointing, ABC):
         """Zero the items below ``min_version`` for good: the slots of the versions passed, no others."""
         if self._min_version is not None and min_version <= self._min_version:
             return
-        self._min_version = min_version
+        self._set_min_version(min_version)
         slots = self._versions_index.evict_below(min_version)
         if slots.size:
             self._zero_evicted(slots)

@@ -68,10 +68,9 @@ class Checkpointing:
         leaves = torch.zeros(self.capacity, dtype=torch.float64)
         leaves[:n] = state["priorities"]
         self._tree.load_state_dict({"capacity": self.capacity, "leaves": leaves})
-        self._inserted = int(state["inserted"])
+        self._restore_counters(int(state["inserted"]), float(state["max_priority"]))
         self._sample_calls = int(state["sample_calls"])
-        self._min_version = None if int(state["min_version"]) < 0 else int(state["min_version"])
-        self._max_priority = float(state["max_priority"])
+        self._set_min_version(None if int(state["min_version"]) < 0 else int(state["min_version"]))
         if self._frame_ring is not None:
             self._frame_ring.store.load_state_dict({k.removeprefix("frames."): v for k, v in state.items()
                                                     if k.startswith("frames.")})

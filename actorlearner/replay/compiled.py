@@ -15,11 +15,17 @@ _NUMPY_DTYPES = {torch.long: np.int64, torch.float64: np.float64}
 _PRIORITY_ERRORS = {kernels.NAN: "NaN", kernels.INFINITE: "infinite", kernels.NEGATIVE: "negative"}
 
 
-class CompiledReplay(PrioritizedReplay, compiled=True):
+class CompiledReplay(PrioritizedReplay):
     """:class:`PrioritizedReplay` on the CPU over the kernels of :mod:`actorlearner.replay.kernels`,
-    which work on numpy views of the buffer's rows and tree."""
+    which work on numpy views of the buffer's rows and tree. No device sampling (the kernels read
+    the host's memory directly)."""
+
+    compiled = True
 
     def __init__(self, *args, **kwargs):
+        device, choice = torch.device(kwargs.get("device", "cpu")), kwargs.get("kernels", "auto")
+        if device.type != "cpu" or choice != "auto":
+            raise ValueError(f"the compiled path runs on the CPU with kernels='auto', got {device} and {choice!r}")
         super().__init__(*args, **kwargs)
         self._rows_np = self._rows.numpy()
         self._words_np = self._rows_np.view(np.int64)
@@ -37,6 +43,9 @@ class CompiledReplay(PrioritizedReplay, compiled=True):
                                (offset + nbytes) // numpy_dtypes[name].itemsize, shape)
                               for name, (offset, nbytes, shape, _) in self._layout.items()]
         _compile_kernels(self.fields)
+
+    def device_sampling(self) -> None:
+        return None
 
     def _copy_in(self, reservation: Reservation) -> None:
         n = reservation.n
@@ -58,7 +67,7 @@ class CompiledReplay(PrioritizedReplay, compiled=True):
         _raise_for_priorities(code)
         if bad >= 0:
             raise ValueError(f"indices out of range [0, {self._inserted}): {[int(keys[bad])]}")
-        self._max_priority = max(self._max_priority, high)
+        self._raise_max_priority(high)
 
     def _make_tree(self, branching: int) -> CpuSumTree:
         return CpuSumTree(self.capacity, branching)

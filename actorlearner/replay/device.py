@@ -22,7 +22,8 @@ import torch
 from actorlearner.replay.buffer import PrioritizedReplay, Reservation, Sample
 from actorlearner.replay.layout import KEY, VERSION, ring_parts
 from actorlearner.replay.staging import RowStaging
-from actorlearner.replay.sumtree import SumTree, _last_write_wins
+from actorlearner.replay.scatter import last_write_wins
+from actorlearner.replay.sumtree import SumTree
 
 # The buffer only reads its inputs, so read-only arrays (views of a received payload) are fine.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable", module=re.escape(__name__))
@@ -31,20 +32,28 @@ _NO_VERSION = int(np.iinfo(np.int64).min)  # the device's "nothing evicted"
 _ERRORS = ("NaN", "infinite", "negative", "out of range")  # what update_priorities counts on the device
 
 
-class DeviceReplay(PrioritizedReplay, compiled=False):
+class DeviceReplay(PrioritizedReplay):
     """:class:`PrioritizedReplay` as device operations over a :class:`SumTree`: its Triton kernels on CUDA
     (``kernels="auto"``, where triton compiles them) or on the CPU in triton's interpreter
-    (``kernels="triton"``), torch operations otherwise.
+    (``kernels="triton"``), torch operations otherwise. It is its own
+    :class:`~actorlearner.replay.sampling.DeviceSampling` (:meth:`device_sampling` gives itself).
 
     Runtime values the device operations read (alpha, beta, the eviction version, the largest
-    priority, the keys issued) are device tensors, refilled in place when they change, never baked
-    into a captured graph.
+    priority, the keys issued) are device tensors, refilled in place by the base class's hooks
+    (:meth:`_set_alpha`, :meth:`_issue_keys`, ...) when they change, never baked into a captured graph.
+    The largest priority lives on the device only (update_priorities raises it there).
     """
 
+    compiled = False
+
     def __init__(self, capacity: int, *args, device: str | torch.device = "cpu", kernels: str = "auto", **kwargs):
-        self.device = torch.device(device)  # the runtime values' device tensors are made from the start
-        self._use_triton = {"auto": None, "torch": False, "triton": True}[kernels]
-        super().__init__(capacity, *args, device=device, **kwargs)
+        self._use_triton = {"auto": None, "torch": False, "triton": True}.get(kernels)  # the tree's, made in super
+        super().__init__(capacity, *args, device=device, kernels=kernels, **kwargs)
+        self._alpha_t = self._device_scalar(self.alpha, torch.float64)
+        self._inserted_t = self._device_scalar(self._inserted, torch.long)  # the keys a priority update may name
+        self._max_priority_t = self._device_scalar(self._max_priority, torch.float64)
+        del self._max_priority  # on the device only from here: _read_max_priority reads it
+        self._min_version_t = self._device_scalar(_NO_VERSION, torch.long)
         self._errors = torch.zeros(len(_ERRORS), dtype=torch.long, device=self.device)
         self._refused = torch.zeros((), dtype=torch.long, device=self.device)  # this call's errors (kernels)
         self._beta_t = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -57,50 +66,37 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
             from actorlearner.replay import triton_replay
             self._kernels = triton_replay
 
-    # -- runtime values kept on the device too -------------------------------------------------
+    def device_sampling(self) -> DeviceReplay:
+        return self
 
-    @property
-    def alpha(self) -> float:
-        return self._alpha
+    # -- runtime values: the base class's hooks, each refilling the device copy in place -----------
 
-    @alpha.setter
-    def alpha(self, value: float) -> None:
-        self._alpha = value
-        self._device_scalar("_alpha_t", value, torch.float64)
+    def _device_scalar(self, value, dtype: torch.dtype) -> torch.Tensor:
+        """A 0-d device tensor, refilled in place from then on (a captured graph keeps reading it)."""
+        return torch.full((), value, dtype=dtype, device=self.device)
 
-    @property
-    def _inserted(self) -> int:
-        return self._issued
+    def _set_alpha(self, alpha: float) -> None:
+        super()._set_alpha(alpha)
+        self._alpha_t.fill_(alpha)
 
-    @_inserted.setter
-    def _inserted(self, value: int) -> None:
-        self._issued = value
-        self._device_scalar("_inserted_t", value, torch.long)  # the keys a priority update may name
+    def _issue_keys(self, n: int) -> None:
+        super()._issue_keys(n)
+        self._inserted_t.fill_(self._inserted)
 
-    @property
-    def _max_priority(self) -> float:
-        """The largest priority seen (read from the device: only snapshots ask)."""
+    def _raise_max_priority(self, priority: float) -> None:
+        self._max_priority_t.clamp_(min=priority)
+
+    def _read_max_priority(self) -> float:
         return float(self._max_priority_t)
 
-    @_max_priority.setter
-    def _max_priority(self, value: float) -> None:
-        self._device_scalar("_max_priority_t", value, torch.float64)
+    def _set_min_version(self, version: int | None) -> None:
+        super()._set_min_version(version)
+        self._min_version_t.fill_(_NO_VERSION if version is None else version)
 
-    @property
-    def _min_version(self) -> int | None:
-        return self._evicted_below
-
-    @_min_version.setter
-    def _min_version(self, value: int | None) -> None:
-        self._evicted_below = value
-        self._device_scalar("_min_version_t", _NO_VERSION if value is None else value, torch.long)
-
-    def _device_scalar(self, name: str, value, dtype: torch.dtype) -> None:
-        """Set the 0-d device tensor ``name`` to ``value`` in place (a captured graph keeps reading it)."""
-        if name in vars(self):
-            getattr(self, name).fill_(value)
-        else:
-            setattr(self, name, torch.full((), value, dtype=dtype, device=self.device))
+    def _restore_counters(self, inserted: int, max_priority: float) -> None:
+        self._inserted = inserted
+        self._inserted_t.fill_(inserted)
+        self._max_priority_t.fill_(max_priority)
 
     # -- sampling: a host half, then device operations only ------------------------------------
 
@@ -178,7 +174,7 @@ class DeviceReplay(PrioritizedReplay, compiled=False):
         torch.maximum(self._max_priority_t, p.max(), out=self._max_priority_t)
         # One write per key, the last; sorted by key, so a slot's live key (its newest) comes after the
         # stale ones of items overwritten since they were sampled, and the tree keeps that order.
-        keys, p = _last_write_wins(keys, p)
+        keys, p = last_write_wins(keys, p)
         slots = keys.remainder(self.capacity)
         live = (self._keys.index_select(0, slots) == keys) & accepted
         values = torch.where(live, self._leaf_values(p, self._versions.index_select(0, slots)),

@@ -5,18 +5,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Self
+from typing import Self
 
 import torch
 
 from actorlearner.replay.layout import KEY, VERSION, typed_column
 
-if TYPE_CHECKING:
-    from actorlearner.replay.buffer import PrioritizedReplay
-
 
 class ReplaySnapshot:
-    """A :class:`PrioritizedReplay` as of one instant, read out in chunks while inserts go on.
+    """A :class:`~actorlearner.replay.buffer.PrioritizedReplay` (``buffer``; not imported here: the buffer
+    imports this module) as of one instant, read out in chunks while inserts go on.
 
     Taken under the buffer's lock: scalars and a copy of the priorities. Rows are read
     later, chunk by chunk, without holding the lock while copying. Copy-on-write keeps that
@@ -29,7 +27,7 @@ class ReplaySnapshot:
     have been copied aside, ``q`` to position ``q`` of a list of fixed-size blocks.
     """
 
-    def __init__(self, buffer: PrioritizedReplay, lock: contextlib.AbstractContextManager, chunk_bytes: int):
+    def __init__(self, buffer, lock: contextlib.AbstractContextManager, chunk_bytes: int):
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
         self._buffer, self._lock = buffer, lock
@@ -38,7 +36,7 @@ class ReplaySnapshot:
         self._scalars = {"capacity": buffer.capacity, "inserted": buffer.inserted,
                          "sample_calls": buffer._sample_calls,
                          "min_version": -1 if buffer._min_version is None else buffer._min_version,
-                         "max_priority": buffer._max_priority}
+                         "max_priority": buffer._read_max_priority()}
         self._priorities = buffer._tree.leaves[:self.rows].clone()
         self._base = (buffer.inserted - self.rows) % buffer.capacity  # slot of the oldest row
         # Rows per chunk read and per block of copies: whole rows, however narrow the column

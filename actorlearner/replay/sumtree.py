@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from actorlearner.replay import kernels
+from actorlearner.replay.scatter import last_write_wins
 
 # Multiplying a positive float64 by this gives a value strictly below it.
 _JUST_BELOW_ONE = 1.0 - 2.0**-52
@@ -84,7 +85,7 @@ class SumTree:
             return
         if self._triton is not None:
             return self._triton.update(self, indices, values)
-        indices, values = _last_write_wins(indices, values)
+        indices, values = last_write_wins(indices, values)
         self._sums[-1].index_copy_(0, indices, values)  # repeated indices now write the same value
         k = self.branching
         for d in range(self.height, 0, -1):
@@ -280,18 +281,3 @@ def _numpy(values, dtype) -> np.ndarray:
     if isinstance(values, torch.Tensor):
         values = values.detach().cpu().numpy()
     return np.ascontiguousarray(values, dtype=dtype).reshape(-1)
-
-
-def _last_write_wins(indices: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices sorted, each occurrence of one carrying the value of its last occurrence in the input, so
-    that a scatter of all of them writes that value in any order: a fixed sequence of device operations."""
-    if indices.numel() == 1:
-        return indices, values
-    order = torch.sort(indices, stable=True).indices
-    indices, values = indices.index_select(0, order), values.index_select(0, order)
-    n = indices.shape[0]
-    position = torch.arange(n, device=indices.device)
-    run_ends = torch.where(torch.cat((indices[1:] != indices[:-1], indices.new_ones(1, dtype=torch.bool))),
-                           position, n)
-    last = run_ends.flip(0).cummin(0).values.flip(0)  # the end of each position's run of equal indices
-    return indices, values.index_select(0, last)

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from actorlearner.replay.scatter import last_write_wins
 from actorlearner.replay.triton_tree import (
     BLOCK,
     DEDUP_MAX,
@@ -150,8 +151,7 @@ def update_priorities(tree, keys: torch.Tensor, priorities: torch.Tensor, *, wor
         _check_kernel[grid(n)](keys, keys.stride(0), priorities, n, inserted, errors, refused, BLOCK=BLOCK, **LAUNCH)
         dedup = n <= DEDUP_MAX
         if not dedup:
-            from actorlearner.replay.sumtree import _last_write_wins
-            keys, priorities = _last_write_wins(keys, priorities)
+            keys, priorities = last_write_wins(keys, priorities)
         _priority_kernel[grid(n)](keys, keys.stride(0), priorities, n, tree.capacity, words, words.shape[1], key_word, version_word,
                                   min_version, alpha, eps, refused, max_priority.view(torch.int64), tree._sums[-1],
                                   EXACT=not INTERPRETED, DEDUP=dedup, BLOCK=BLOCK, BLOCK_J=64, **LAUNCH)

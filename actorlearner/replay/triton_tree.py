@@ -30,6 +30,8 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
+from actorlearner.replay.scatter import last_write_wins
+
 if tuple(int(part) for part in triton.__version__.split(".")[:2]) < (3, 3):  # tuple kernel arguments
     raise ImportError(f"the sum tree's kernels need triton >= 3.3, not {triton.__version__}")
 
@@ -206,8 +208,7 @@ def update(tree, indices: torch.Tensor, values: torch.Tensor) -> None:
     n = indices.shape[0]
     dedup = n <= DEDUP_MAX
     if not dedup:
-        from actorlearner.replay.sumtree import _last_write_wins
-        indices, values = _last_write_wins(indices, values)
+        indices, values = last_write_wins(indices, values)
     indices, values = indices.contiguous(), values.contiguous()
     with on_device(tree):
         _leaf_kernel[grid(n)](indices, values, tree._sums[-1], n, tree.capacity, DEDUP=dedup, BLOCK=BLOCK,
