@@ -23,15 +23,15 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed
 	$(BIN)/python -m actorlearner run --env CartPole-v1 --actors 2 --target-return 475 --max-seconds 600 --seed $(SEED)
 
-# Two pytest-xdist workers, each module whole on one; tests/test_learning.py (every learning test) goes
-# first (tests/conftest.py). A plain `pytest tests/test_x.py` runs in one process as before.
+# Two pytest-xdist workers, each module whole on one; tests/system/test_learning.py (every learning test) goes
+# first (tests/conftest.py). A plain `pytest tests/ROOM/test_x.py` runs in one process as before.
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/bench_replay.py
 
-# Regenerate the committed gRPC/protobuf code (tests/test_proto.py fails when it is stale).
+# Regenerate the committed gRPC/protobuf code (tests/contract/test_proto.py fails when it is stale).
 proto: $(VENV)/.installed-test
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. proto/actorlearner/v1/*.proto
 
@@ -50,4 +50,4 @@ clean:
 # against pinned API schemas (offline), check probes, ports, selectors and policies.
 .PHONY: k8s-check
 k8s-check: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q tests/test_k8s.py
+	$(BIN)/python -m pytest -q tests/operations/test_k8s.py

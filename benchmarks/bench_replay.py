@@ -24,7 +24,7 @@ import time
 import numpy as np
 import torch
 
-from actorlearner.replay import PrioritizedReplay, make_replay
+from actorlearner.replay import make_replay
 
 ALPHA, BETA, EPS = 0.6, 0.4, 1e-6
 CASES = {  # name -> (capacity, observation shape, observation dtype)
@@ -132,7 +132,7 @@ def run_case(case, batch_sizes, runs, seconds, device, add_chunk, branching):
 
 FIRST_USE = """
 import time, numpy as np, torch
-from actorlearner.replay import PrioritizedReplay, make_replay
+from actorlearner.replay import make_replay
 buf = make_replay(1000, {"obs": ((4,), torch.float32), "action": ((), torch.int64)})
 began = time.perf_counter()
 buf.add({"obs": np.ones((300, 4), np.float32), "action": np.arange(300)})

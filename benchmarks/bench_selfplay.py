@@ -1,7 +1,7 @@
 """Tic-tac-toe learned by self-play: Elo and win-or-draw rates against wall time, beside a minimax player.
 
 For each seed, starts a real ``actorlearner learner`` (the settings of the learning test in
-tests/test_selfplay.py: DQN against itself and its own snapshots only) and two ``actorlearner
+tests/league/test_selfplay.py: DQN against itself and its own snapshots only) and two ``actorlearner
 actor`` processes of 4 envs, polls GetStatus every 2 s for ``--seconds`` of wall time
 (env steps, the policy's Elo, snapshots held, the latest evaluation's win/draw/loss against
 random_player, heuristic_player and the newest snapshot), then stops them with SIGTERM and

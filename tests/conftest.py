@@ -1,10 +1,18 @@
 """Shared fixtures: every device-aware test runs on CPU and, when there is one, on CUDA; and the order
-in which `make test` hands modules to its two pytest-xdist workers."""
+in which `make test` hands modules to its two pytest-xdist workers.
+
+Tests sit in one folder per room of the package they test (``tests/learner/``, ``tests/replay/``...);
+what they share (process helpers, test envs, raw clients) is in ``tests/support/``, importable by name.
+"""
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 # Without a GPU, triton's kernels run in its interpreter, on CPU tensors: the replay's Triton path is tested
 # through the same functions. Triton reads this at its first import; TRITON_INTERPRET=0 keeps them compiled.
@@ -26,7 +34,7 @@ def device(request) -> str:
 
 _CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 _INTERPRETED = pytest.mark.skipif(not INTERPRETING_TRITON, reason="triton compiles its kernels in this process: "
-                                  "tests/test_triton_tree.py reruns these in one that interprets them")
+                                  "tests/replay/test_triton_tree.py reruns these in one that interprets them")
 _COMPILED = pytest.mark.skipif(INTERPRETING_TRITON, reason="triton interprets its kernels in this process")
 # The replay's kernel paths: the compiled CPU kernels, and the device path's torch operations and Triton
 # kernels, on the CPU (Triton interpreted) and on CUDA (compiled).
@@ -58,7 +66,7 @@ def one_torch_thread():
 @pytest.fixture(params=[path for path in REPLAY_PATHS if path.id != "triton-cpu"])
 def fast_replay_path(request) -> dict:
     """:func:`replay_path` but for triton's interpreter (a hundred times slower per call): for tests of many
-    calls whose subject is not the Triton kernels (tests/test_triton_tree.py holds those to the torch code)."""
+    calls whose subject is not the Triton kernels (tests/replay/test_triton_tree.py holds those to the torch code)."""
     return request.param
 
 

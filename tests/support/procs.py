@@ -1,0 +1,168 @@
+"""Real learner and actor processes for the multi-process tests, polling helpers, and what /proc says of
+a process (its children, command line, start time)."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+
+from actorlearner.v1 import learner_pb2 as pb
+from actorlearner.v1 import learner_pb2_grpc as pb_grpc
+
+# Small and quick: training starts early and publishes often. The rate limiter is the default one;
+# a test that needs another passes it and says why.
+FAST_LEARNER = ["--env", "CartPole-v1", "--replay-capacity", "20000", "--min-replay-size", "256",
+                "--batch-size", "64", "--publish-every", "5", "--eval-every", "0",
+                "--dqn-hidden-sizes", "32,32"]
+
+
+# The start of a child script that must run without actorlearner: importing it fails there, as on a
+# machine where it is not installed, and the script exits at once if it does not.
+WITHOUT_ACTORLEARNER = """
+import sys
+sys.modules["actorlearner"] = None
+try:
+    import actorlearner
+except ImportError:
+    pass
+else:
+    sys.exit("actorlearner was importable")
+"""
+
+# Children import the tests' own environments and algorithms (custom_envs:..., plugin_algorithm:...).
+CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(os.path.abspath(__file__)),
+                                                                      os.environ.get("PYTHONPATH")]))}
+
+
+def start_learner(*args: str, port: int = 0) -> tuple[subprocess.Popen, int]:
+    """``actorlearner learner --port PORT`` (0: any); returns the process and the port it printed."""
+    proc = subprocess.Popen([sys.executable, "-m", "actorlearner", "learner", "--port", str(port), *args],
+                            stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
+    line = proc.stdout.readline()
+    match = re.search(r"listening on [\d.]+:(\d+)", line)
+    if not match:
+        proc.kill()
+        raise RuntimeError(f"learner did not report its port: {line!r}")
+    return proc, int(match.group(1))
+
+
+def start_actor(port: int, actor_id: str, *args: str, stderr=None) -> subprocess.Popen:
+    """An actor process of 2 envs stepped in its own process (``--vector-mode sync``; ``args`` may say otherwise):
+    the default, auto, spawns a second process per actor (ahead), whose start and two busy cores per actor slow
+    the suite's many streaming tests on a 2-core machine by a third. The default itself is tested where it
+    matters: test_vector_mode.py, test_ahead.py, in-process actors, and every learning test's ``run``."""
+    return subprocess.Popen([sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
+                             "--actor-id", actor_id, "--num-envs", "2", "--vector-mode", "sync", *args],
+                            stderr=stderr, env=CHILD_ENV)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on right now (for a process that must come back on the same port)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of process ``pid`` in KiB (VmRSS in /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def status(port: int, host: str = "127.0.0.1") -> pb.StatusResponse:
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
+        return pb_grpc.LearnerStub(channel).GetStatus(pb.StatusRequest(), timeout=5)
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.2):
+    """Poll ``predicate`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def stop(*procs: subprocess.Popen, timeout: float = 60) -> list[int]:
+    """SIGTERM each process and return the exit codes (SIGKILL past ``timeout``: generous, since a
+    draining process shares two cores with the other xdist worker's processes)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    codes = []
+    for proc in procs:
+        try:
+            codes.append(proc.wait(timeout))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            codes.append(proc.wait())
+    return codes
+
+
+# A learner that takes batches and never trains (its replay never reaches min_replay_size).
+NOT_TRAINING = ["--min-replay-size", "1000000000", "--replay-capacity", "20000", "--eval-every", "0"]
+
+
+def process_children(pid: int) -> set[int]:
+    """The pids of ``pid``'s child processes."""
+    children = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            children.update(int(c) for c in (task / "children").read_text().split())
+        except OSError:  # the thread ended meanwhile
+            pass
+    return children
+
+
+def cmdline(pid: int) -> str:
+    """``pid``'s command line, space-separated (empty once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot), None once it is gone or a zombie: with the pid it
+    names one process, whatever later reuses the pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def status_if(port: int, predicate):
+    """The learner's status when ``predicate`` holds for it, else None (for :func:`wait_until`)."""
+    current = status(port)
+    return current if predicate(current) else None
+
+
+def start_rank(rank: int, address: str, *args: str) -> subprocess.Popen:
+    """One rank of a world of two on this host, on the default device: with LOCAL_RANK as torchrun sets it, on
+    a CUDA machine each rank takes a GPU of its own (NCCL), or both the one there is (gloo)."""
+    return subprocess.Popen([sys.executable, "-m", "actorlearner", "learner", "--port", "0", "--env", "CartPole-v1",
+                             "--seed", "0", "--world-size", "2", "--rank", str(rank), "--dist-address", address,
+                             "--num-actors", "2", *args], stdout=subprocess.PIPE, text=True,
+                            env={**CHILD_ENV, "LOCAL_RANK": str(rank)})
+
+
+def listening_port(proc: subprocess.Popen) -> int:
+    """The port a learner started with ``--port 0`` says it listens on (its first line of output)."""
+    line = proc.stdout.readline()
+    match = re.search(r"listening on [\d.]+:(\d+)", line)
+    assert match, f"learner did not report its port: {line!r}"
+    return int(match.group(1))

@@ -1,0 +1,200 @@
+"""Learning evidence in the default suite, every learning test in this one module (`make test` runs
+them in turn on one worker): ``actorlearner run``, seeded, as a user runs it, reaches its target, and
+so do data-parallel learners and self-play in real processes."""
+
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from actorlearner.league import SELF
+from actorlearner.v1 import learner_pb2 as pb
+from custom_envs import GOAL_IMAGE_OPTIMAL_RETURN, GOAL_IMAGE_RANDOM_RETURN
+from multiagent_envs import HEURISTIC, RANDOM, TICTACTOE
+from procs import (CHILD_ENV, free_port, listening_port, start_actor, start_learner, start_rank, status, stop,
+                   wait_until)
+
+logger = logging.getLogger(__name__)
+
+# `make run` solves CartPole in about 42 s on a quiet machine; the suite runs on two busy cores.
+MAX_SECONDS = 240
+
+
+def run(target: float, seconds: float, *args: str) -> tuple[dict, subprocess.CompletedProcess]:
+    """``actorlearner run`` with two actor processes until the evaluated return reaches ``target`` or
+    ``seconds`` pass: its result line, and the finished process."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--port", "0",
+                               "--actors", "2", "--seed", "0",
+                               "--target-return", str(target), "--max-seconds", str(seconds), "--run-dir", run_dir,
+                               "--no-plot", *args], capture_output=True, text=True, timeout=seconds + 120, env=CHILD_ENV)
+    lines = done.stdout.strip().splitlines()
+    assert lines, f"run printed no result (exit {done.returncode}):\n{done.stderr[-3000:]}"
+    return json.loads(lines[-1]), done
+
+
+def run_until(target: float, *args: str) -> dict:
+    """``actorlearner run`` until the evaluated return reaches ``target``, within MAX_SECONDS."""
+    result, done = run(target, MAX_SECONDS, *args)
+    assert done.returncode == 0 and result["solved"] is True and result["eval_return"] >= target, (
+        f"exit {done.returncode}, {result}\n{done.stderr[-3000:]}")
+    return result
+
+
+def test_every_learning_test_is_in_this_module(request):
+    """`make test` runs this module's tests in turn on one worker, beside the other worker's modules."""
+    strays = [item.nodeid for item in request.session.items
+              if item.get_closest_marker("learning") and item.path.name != "test_learning.py"]
+    assert not strays
+
+
+@pytest.mark.learning
+def test_run_solves_cartpole_with_two_actor_processes():
+    run_until(475, "--env", "CartPole-v1")
+
+
+@pytest.mark.learning
+def test_run_learns_a_dict_observation_with_an_image_and_multidiscrete_actions():
+    """The goal is only in the uint8 image (conv torso); noise keys of four other space types; two action
+    branches. Random play scores 0.19, the shortest path 0.99."""
+    target = 0.8
+    assert GOAL_IMAGE_RANDOM_RETURN < target / 4 and target < GOAL_IMAGE_OPTIMAL_RETURN
+    run_until(target, "--env", "custom_envs:goal_image")
+
+
+@pytest.mark.learning
+def test_run_solves_pendulum_with_sac_and_no_other_flag():
+    """Continuous actions: SAC's own learner defaults (256 per update, one update per 2 inserted)."""
+    run_until(-200, "--env", "Pendulum-v1", "--algorithm", "sac")
+
+
+@pytest.mark.learning
+def test_td3_learns_asymmetric_per_dimension_bounds_and_never_acts_outside_them():
+    """low = [-1, 0], high = [3, 0.5]: pointing at the middle scores -1.67, the targets 0. The env raises
+    on any action outside its bounds, so every action the actors and the evaluator sent was inside."""
+    result = run_until(-0.25, "--env", "custom_envs:reach", "--algorithm", "td3")
+    assert result["env_steps"] > 1000
+
+
+@pytest.mark.learning
+def test_r2d2_remembers_a_cue_that_feed_forward_dqn_cannot():
+    """The cue shows at the first step only and is asked for 8 to 10 steps later (+1 right, -1 wrong)."""
+    run_until(0.9, "--env", "custom_envs:memory_cue", "--algorithm", "r2d2")
+
+
+@pytest.mark.learning
+def test_feed_forward_dqn_stays_near_zero_on_the_memory_task():
+    """Without memory the best policy is a guess: over 200 evaluation episodes its mean stays near 0 (sd 0.07)."""
+    result, _ = run(0.9, 20, "--env", "custom_envs:memory_cue", "--eval-episodes", "200")
+    assert result["solved"] is False and abs(result["eval_return"]) <= 0.3, result
+    assert result["updates"] > 300  # it trained, and still cannot tell the cue
+
+
+@pytest.mark.learning
+def test_dqn_tells_which_way_a_dot_moves_from_stacked_frames():
+    """Two frames stacked, each stored once: only the first step of 6 is a guess (best mean 5.5)."""
+    run_until(5.2, "--env", "custom_envs:moving_dot", "--frame-stack", "2", "--eval-episodes", "50")
+
+
+@pytest.mark.learning
+def test_dqn_cannot_tell_which_way_a_dot_moves_from_one_frame():
+    """From one frame every policy scores 3 on average (sd 0.17 over 50 episodes), however long it trains."""
+    result, _ = run(5.2, 18, "--env", "custom_envs:moving_dot", "--eval-episodes", "50")
+    assert result["solved"] is False and result["eval_return"] <= 4.0, result
+    assert result["updates"] > 300  # as long as the stacked run needs, or longer, and still cannot tell
+
+
+@pytest.mark.learning
+def test_two_data_parallel_learners_with_an_actor_each_learn_cartpole():
+    """Rank 0 evaluates until 300 (random play scores about 20; `run` solves to 475 in the test above and
+    RESULTS.md has the data-parallel runs to 475); each rank's updates per second are logged."""
+    budget = 600
+    address = f"127.0.0.1:{free_port()}"
+    learners = [start_rank(0, address, "--eval-every", "10"), start_rank(1, address, "--eval-every", "0")]
+    actors = []
+    try:
+        ports = [listening_port(proc) for proc in learners]
+        # One actor a rank: four processes, not six, share the suite's two busy cores.
+        actors = [start_actor(port, f"rank{rank}-actor", "--num-envs", "4", "--seed", str(10 * rank))
+                  for rank, port in enumerate(ports)]
+        start = time.monotonic()
+
+        def solved():
+            answer = status(ports[0])
+            return answer if answer.evaluations and answer.eval_mean_return >= 300 else None
+        final = wait_until(solved, budget, "rank 0's evaluation to reach 300", interval=2.0)
+        elapsed = time.monotonic() - start
+        answers = [final, status(ports[1]), status(ports[0])]
+        rates = [answer.updates / elapsed for answer in answers[:2]]
+        logger.warning("data-parallel CartPole at 300 in %.0f s: updates/s per rank %s, env steps %s, versions %s",
+                       elapsed, [round(r, 1) for r in rates], [a.env_steps for a in answers[:2]],
+                       [a.policy_version for a in answers[:2]])
+        # Lockstep: rank 1's count, read between two reads of rank 0's, lies between them (one step either way).
+        assert answers[0].updates - 1 <= answers[1].updates <= answers[2].updates + 1
+    finally:
+        stop(*actors)
+        codes = stop(*learners)
+    assert codes == [0, 0]
+
+
+SELF_PLAY_DEADLINE = 300  # seconds; on a quiet machine both bars are met in about 60-90 s
+
+
+def win_or_draw(record: pb.EvalRecord) -> float:
+    return (record.wins + record.draws) / max(record.wins + record.draws + record.losses, 1)
+
+
+@pytest.mark.learning
+def test_self_play_learns_tic_tac_toe_that_beats_random_play_and_holds_the_heuristic(tmp_path):
+    """DQN against itself and its own snapshots only (neither scripted player is ever trained
+    against): one evaluation of 100 games against each, seats alternated, must lose at most 5% to
+    random play and 20% to the heuristic. Its checkpoint then plays through `actorlearner eval` and
+    exports (masked actions and all) through `actorlearner export`."""
+    learner, port = start_learner(
+        "--env", TICTACTOE, "--seed", "0", "--num-actors", "2", "--min-replay-size", "1000", "--eval-every", "8",
+        "--checkpoint-dir", str(tmp_path / "ckpt"),
+        "--league-eval-scripted", f"{RANDOM},{HEURISTIC}", "--league-eval-games", "100",
+        "--league-eval-snapshots", "1", "--league-max-snapshots", "8", "--league-opponent-exploration", "0.2")
+    actors = [start_actor(port, f"player-{i}", "--env", TICTACTOE, "--num-envs", "4", "--seed", str(i))
+              for i in range(2)]
+    try:
+        def passed():
+            league = status(port).league
+            rates = {r.opponent: win_or_draw(r) for r in league.evaluation}
+            return (league, rates) if rates.get(RANDOM, 0) >= 0.95 and rates.get(HEURISTIC, 0) >= 0.80 else None
+        league, rates = wait_until(passed, SELF_PLAY_DEADLINE, "an evaluation with >= 95% win-or-draw against random "
+                                                               "play and >= 80% against the heuristic", interval=1.0)
+        assert 1 <= league.snapshots <= league.max_snapshots == 8
+        assert league.games > 1000 and league.rating > 0
+        assert {o.opponent.id for o in league.opponents if o.opponent.version < 0} == {SELF}, "no scripted training"
+    finally:
+        codes = stop(*actors, learner)
+    assert codes == [0, 0, 0]
+    played = subprocess.run([sys.executable, "-m", "actorlearner", "eval", "--checkpoint", str(tmp_path / "ckpt"),
+                             "--opponents", f"{RANDOM},{HEURISTIC}", "--episodes", "40", "--json"],
+                            capture_output=True, text=True, timeout=300, env=CHILD_ENV)
+    assert played.returncode == 0, played.stderr[-2000:]
+    records = json.loads(played.stdout)["opponents"]
+    assert [sum(records[name][k] for k in ("wins", "draws", "losses")) for name in (RANDOM, HEURISTIC)] == [40, 40]
+    exported = subprocess.run([sys.executable, "-m", "actorlearner", "export", "--checkpoint", str(tmp_path / "ckpt"),
+                               "--out", str(tmp_path / "ttt.onnx"), "--json"],
+                              capture_output=True, text=True, timeout=300, env=CHILD_ENV)
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    assert json.loads(exported.stdout)["verified"]
+
+
+# Two quick ones last: the worker running this module is handed its next module with two tests to go.
+@pytest.mark.learning
+def test_run_solves_frozen_lake_from_its_discrete_observation():
+    """Discrete(16) observations, one-hot inside the network; not slippery, so 1.0 is reachable."""
+    run_until(1.0, "--env", "custom_envs:frozen_lake")
+
+
+@pytest.mark.learning
+def test_a_plugin_algorithm_from_a_test_module_trains_through_real_processes():
+    """Tabular Q-learning defined in tests/support/plugin_algorithm.py, with its own option (--tabq-lr)."""
+    run_until(1.0, "--env", "custom_envs:frozen_lake", "--algorithm", "plugin_algorithm:TabularQ", "--tabq-lr", "0.5")
