@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import msgpack
 import numpy as np

@@ -30,8 +30,8 @@ NUM_ENVS = 3
 @pytest.fixture
 def pair():
     """A loop process and a sync vector env of the same CartPole envs (a 15-step limit: episodes end often)."""
-    loop = LoopProcess(env_factories("test_env_workers:short_cartpole", NUM_ENVS))
-    envs = make_vector_env("test_env_workers:short_cartpole", NUM_ENVS)
+    loop = LoopProcess(env_factories("custom_envs:short_cartpole", NUM_ENVS))
+    envs = make_vector_env("custom_envs:short_cartpole", NUM_ENVS)
     yield loop, envs
     loop.close()
     envs.close()

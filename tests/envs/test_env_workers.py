@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import threading
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -20,19 +19,12 @@ from actorlearner.algorithms import make_spec
 from actorlearner.envs import make_vector_env
 from actorlearner.envs.factory import VECTOR_MODES
 from actorlearner.envs.workers import PairedWorkerEnvs
+from custom_envs import short_cartpole
 from procs import (NOT_TRAINING, cmdline, process_children, start_actor, start_learner, start_time, status_if, stop,
                    wait_until)
 
-# This module is imported by name inside the spawned workers (for the factories below): pytest puts the
-# tests directory on sys.path, and a spawned child inherits the parent's sys.path.
-MODULE = Path(__file__).stem
 
-
-def short_cartpole() -> gym.Env:
-    """CartPole cut at 15 steps: episodes end truncated as well as terminated."""
-    return gym.make("CartPole-v1", max_episode_steps=15)
-
-
+# Spawned workers import this module by name: pytest puts its folder on sys.path, which they inherit.
 def fails_in_a_worker() -> gym.Env:
     """A CartPole in the parent process (PairedWorkerEnvs probes the first factory there), an error in a worker."""
     if mp.parent_process() is not None:
@@ -99,7 +91,7 @@ RESEED_AT = 200  # both are reset with another seed here: the second half's envs
 
 
 @pytest.mark.parametrize("env, num_envs, ends", [
-    (f"{MODULE}:short_cartpole", 5, {"terminated", "truncated"}),  # odd split: halves of 2 and 3
+    ("custom_envs:short_cartpole", 5, {"terminated", "truncated"}),  # odd split: halves of 2 and 3
     ("custom_envs:dict_walk", 5, {"terminated", "truncated"}),  # Dict obs, MultiDiscrete actions; 30-step limit
 ], ids=["short-cartpole-5", "dict-walk-5"])
 def test_paired_worker_envs_step_exactly_like_sync_vector_env(env, num_envs, ends):

@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from custom_envs import COUNTING_ENVS, STACKED, CountingFrames, self_stacking_frames
 from procs import start_learner, status, stop
 from streams import RawStream
 
@@ -17,56 +18,14 @@ from actorlearner import specs, wire
 from actorlearner.actor.frames import FrameIds, FramePending
 from actorlearner.algorithms import make_spec
 from actorlearner.envs import make_vector_env
-from actorlearner.frames import STACKED_FRAMES, algorithm_frames, batch_fields, frame_id_space, frame_stack_of
+from actorlearner.frames import algorithm_frames, batch_fields, frame_id_space, frame_stack_of
 from actorlearner.replay import PrioritizedReplay, make_replay
 from actorlearner.replay.layout import gather_rows
 from actorlearner.v1 import learner_pb2 as pb
 
-K, ENVS, N_STEP = 4, 3, 3
+K, ENVS, N_STEP = STACKED, COUNTING_ENVS, 3
 PATHS = [("cpu", "auto"), ("cpu", "torch"),
          pytest.param("cuda", "torch", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))]
-
-
-class CountingFrames(gym.Env):
-    """Frames that say which env, episode and step they are ([env, episode, step] in a 3x4 image); episodes
-    of 1 to 12 steps, ending by termination or truncation."""
-
-    observation_space = gym.spaces.Box(0, 255, (3, 4), np.uint8)
-    action_space = gym.spaces.Discrete(2)
-
-    def __init__(self, index: int):
-        self.index, self.episode = index, -1
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.episode += 1
-        self.steps, self.length = 0, int(self.np_random.integers(1, 13))
-        return self._frame(), {}
-
-    def step(self, action):
-        self.steps += 1
-        end = self.steps == self.length
-        truncated = end and self.episode % 2 == 1
-        return self._frame(), float(self.steps), end and not truncated, truncated, {}
-
-    def _frame(self) -> np.ndarray:
-        frame = np.zeros((3, 4), np.uint8)
-        frame[:, 0], frame[:, 1], frame[:, 2] = self.index, self.episode % 256, self.steps
-        return frame
-
-
-_made = iter(range(1000))
-
-
-def counting_frames() -> gym.Env:
-    return CountingFrames(next(_made) % ENVS)
-
-
-def self_stacking_frames() -> gym.Env:
-    """Counting frames stacked by the env itself, which says so in its metadata."""
-    env = gym.wrappers.FrameStackObservation(counting_frames(), K)
-    env.metadata = {**env.metadata, STACKED_FRAMES: K}
-    return env
 
 
 CONFIGS = {"dqn": {"n_step": N_STEP, "gamma": 0.5}, "r2d2": {"sequence_length": 6, "overlap": 2, "burn_in": 1}}
@@ -80,9 +39,9 @@ def play(case: str, steps: int, batch_size: int = 8) -> tuple[list[dict], list[d
     ``--frame-stack`` or by an env that declares it."""
     algorithm, env_stacks = CASES[case]
     if env_stacks:
-        envs = make_vector_env("test_frame_stack:self_stacking_frames", ENVS)
+        envs = make_vector_env("custom_envs:self_stacking_frames", ENVS)
     else:
-        envs = make_vector_env("test_frame_stack:counting_frames", ENVS, frame_stack=K)
+        envs = make_vector_env("custom_envs:counting_frames", ENVS, frame_stack=K)
     assert frame_stack_of(envs, 0 if env_stacks else K) == K
     spec = make_spec(algorithm, envs.single_observation_space, envs.single_action_space, CONFIGS[algorithm])
     layout, by_ids = algorithm_frames(spec)
@@ -221,8 +180,8 @@ def test_a_learner_refuses_a_batch_whose_frame_index_is_out_of_range():
     """Through a real learner process: INVALID_ARGUMENT naming the field, nothing of it stored."""
     _, _, batches, _ = played_case("dqn")
     space = gym.wrappers.FrameStackObservation(CountingFrames(0), K)
-    spec = specs.env_spec("test_frame_stack:counting_frames", space.observation_space, space.action_space)
-    learner, port = start_learner("--env", "test_frame_stack:counting_frames", "--frame-stack", str(K),
+    spec = specs.env_spec("custom_envs:counting_frames", space.observation_space, space.action_space)
+    learner, port = start_learner("--env", "custom_envs:counting_frames", "--frame-stack", str(K),
                                   "--dqn-n-step", str(N_STEP), "--dqn-gamma", "0.5", "--eval-every", "0")
     try:
         hello = pb.ActorMessage(hello=pb.Hello(actor_id="frames", protocol_version=wire.PROTOCOL_VERSION,

@@ -6,6 +6,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from actorlearner.frames import STACKED_FRAMES
+
 
 class DictWalkEnv(gym.Env):
     """A 2-D walk toward a goal: Dict observations (Box, Discrete, MultiBinary), MultiDiscrete actions."""
@@ -325,3 +327,56 @@ class MovingDotEnv(gym.Env):
 
 def moving_dot() -> gym.Env:
     return MovingDotEnv()
+
+
+# Frame stacking (tests/replay/test_frame_stack.py): frames that name their env, episode and step.
+COUNTING_ENVS = 3
+STACKED = 4
+
+
+class CountingFrames(gym.Env):
+    """Frames that say which env, episode and step they are ([env, episode, step] in a 3x4 image); episodes
+    of 1 to 12 steps, ending by termination or truncation."""
+
+    observation_space = gym.spaces.Box(0, 255, (3, 4), np.uint8)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, index: int):
+        self.index, self.episode = index, -1
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode += 1
+        self.steps, self.length = 0, int(self.np_random.integers(1, 13))
+        return self._frame(), {}
+
+    def step(self, action):
+        self.steps += 1
+        end = self.steps == self.length
+        truncated = end and self.episode % 2 == 1
+        return self._frame(), float(self.steps), end and not truncated, truncated, {}
+
+    def _frame(self) -> np.ndarray:
+        frame = np.zeros((3, 4), np.uint8)
+        frame[:, 0], frame[:, 1], frame[:, 2] = self.index, self.episode % 256, self.steps
+        return frame
+
+
+_made = iter(range(1 << 30))
+
+
+def counting_frames() -> gym.Env:
+    """The next of COUNTING_ENVS CountingFrames envs, numbered in turn."""
+    return CountingFrames(next(_made) % COUNTING_ENVS)
+
+
+def self_stacking_frames() -> gym.Env:
+    """Counting frames stacked by the env itself, which says so in its metadata."""
+    env = gym.wrappers.FrameStackObservation(counting_frames(), STACKED)
+    env.metadata = {**env.metadata, STACKED_FRAMES: STACKED}
+    return env
+
+
+def short_cartpole() -> gym.Env:
+    """CartPole cut at 15 steps: episodes end truncated as well as terminated."""
+    return gym.make("CartPole-v1", max_episode_steps=15)

@@ -19,8 +19,9 @@ def unit(path: Path) -> str:
     return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
 
 
-def imported_units(path: Path) -> set[str]:
-    """The parts of actorlearner a module imports, at any depth of its code (function-level imports too)."""
+def imported_names(path: Path) -> set[tuple[str, ...]]:
+    """Every name a module imports from actorlearner, split at the dots (``from a.b import c`` names ``a.b``
+    and ``a.b.c``), at any depth of its code (function-level imports too)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -29,12 +30,14 @@ def imported_units(path: Path) -> set[str]:
             names = [alias.name for alias in node.names]
         else:
             continue
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "actorlearner" and len(parts) > 1 and (PACKAGE / parts[1]).exists() | (
-                    PACKAGE / f"{parts[1]}.py").exists():
-                found.add(parts[1])
+        found.update(tuple(name.split(".")[1:]) for name in names if name.split(".")[0] == "actorlearner")
     return found
+
+
+def imported_units(path: Path) -> set[str]:
+    """The parts of actorlearner a module imports."""
+    return {parts[0] for parts in imported_names(path)
+            if parts and ((PACKAGE / parts[0]).exists() or (PACKAGE / f"{parts[0]}.py").exists())}
 
 
 def module_name(path: Path) -> str:
@@ -45,20 +48,9 @@ def module_name(path: Path) -> str:
 
 def imported_modules(path: Path) -> set[str]:
     """The actorlearner modules a module imports (``from a.b import c`` names ``a.b.c`` when that is a module)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        elif isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        else:
-            continue
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "actorlearner" and ((PACKAGE.joinpath(*parts[1:]).with_suffix(".py")).exists()
-                                               or (PACKAGE.joinpath(*parts[1:]) / "__init__.py").exists()):
-                found.add(".".join(parts[1:]))
-    return found
+    return {".".join(parts) for parts in imported_names(path)
+            if parts and (PACKAGE.joinpath(*parts).with_suffix(".py").exists()
+                          or (PACKAGE.joinpath(*parts) / "__init__.py").exists())}
 
 
 def module_graph(package: str) -> dict[str, set[str]]:
