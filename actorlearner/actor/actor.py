@@ -128,6 +128,8 @@ class Actor:
         self.profile = StepProfile()
         self.stepper = self._stepper()
         self.episodes = EpisodeTally(config.num_envs)
+        self._last_stats = time.monotonic()  # when the last EpisodeStats went out
+        self._steps_reported = 0  # env steps a batch or an EpisodeStats carried
         self.batches_sent = 0
         self.stop_event = threading.Event()
 
@@ -315,7 +317,6 @@ class Actor:
 
     def _loop(self, max_env_steps: int) -> None:
         num_envs = self.config.num_envs
-        last_stats = time.monotonic()
         profile = self.profile
         while not self.stop_event.is_set() and not (max_env_steps and self.env_steps >= max_env_steps):
             if self.link.error:
@@ -343,16 +344,17 @@ class Actor:
             ids = next_ids
             profile.mark("assemble")
             self._send_batches(self.session.settings)
-            if time.monotonic() - last_stats >= self.config.stats_every:
+            if time.monotonic() - self._last_stats >= self.config.stats_every:
                 self._send_stats()
-                last_stats = time.monotonic()
             profile.mark("send")
         if self.episodes.steps or self.episodes.finished_returns:
             self._send_stats()
 
     def _send_stats(self) -> None:
-        """Report the episodes finished and env steps taken since the last report."""
-        returns, lengths, steps = self.episodes.take()
+        """Report the episodes finished since the last report, and the env steps no batch carried yet."""
+        returns, lengths, _ = self.episodes.take()
+        steps, self._steps_reported = self.env_steps - self._steps_reported, self.env_steps
+        self._last_stats = time.monotonic()
         self.link.send_stats(pb.EpisodeStats(returns=returns, lengths=lengths, env_steps=steps,
                                              policy_version=self.policy_version))
 
@@ -384,8 +386,9 @@ class Actor:
     def _send(self, batch: dict[str, np.ndarray], priorities: list[float], seq: int, version: int,
               codec: wire.Codec) -> None:
         games, opponents = self.roles.batch_extras()
+        steps, self._steps_reported = self.env_steps - self._steps_reported, self.env_steps
         message = wire.encode_batch_message(seq, version, rows(batch), wire.encode_batch(batch, codec),
-                                            codec, priorities, games, opponents)
+                                            codec, priorities, games, opponents, env_steps=steps)
         self.profile.mark("encode")
         waited = self.link.waited
         try:

@@ -57,6 +57,7 @@ class Ingest:
             self.roles.record_batch(batch)
             self.inserted_batches += 1
             record.transitions += n
+            self.progress.count_steps(batch.env_steps)
 
         if not self.replay.insert(record.actor_id, batch.seq, arrays, n, priorities, batch.policy_version,
                                   session.ended, committed):

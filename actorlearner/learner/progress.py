@@ -15,8 +15,8 @@ from actorlearner.v1 import learner_pb2 as pb
 class Progress:
     """The learner's counts and its TensorBoard writer.
 
-    The trainer raises :attr:`version` and :attr:`updates` (one writer); streams add env steps and finished
-    episodes (:meth:`count_episodes`, many writers). Parts add gauges (:meth:`gauge`): values written with
+    The trainer raises :attr:`version` and :attr:`updates` (one writer); streams add env steps (with the
+    batches that carry them, :meth:`count_steps`) and finished episodes (:meth:`count_episodes`), many writers. Parts add gauges (:meth:`gauge`): values written with
     each batch of the trainer's metrics (:meth:`write_metrics`), at the update count.
     """
 
@@ -39,6 +39,11 @@ class Progress:
         for read in self._gauges:
             values.update(read())
         self.telemetry.scalars(values, self.updates)
+
+    def count_steps(self, env_steps: int) -> None:
+        """Env steps a stored batch reported."""
+        with self._lock:
+            self.env_steps += env_steps
 
     def count_episodes(self, env_steps: int, finished: Iterable[tuple[float, int]]) -> None:
         """An actor's ``env_steps`` and its ``finished`` episodes' (return, length), written at the env steps."""

@@ -128,7 +128,7 @@ class GameResult(_message.Message):
     def __init__(self, opponent: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., seat: _Optional[str] = ..., length: _Optional[int] = ...) -> None: ...
 
 class TrajectoryBatch(_message.Message):
-    __slots__ = ("seq", "policy_version", "num_transitions", "payload", "codec", "priorities", "games", "opponents")
+    __slots__ = ("seq", "policy_version", "num_transitions", "payload", "codec", "priorities", "games", "opponents", "env_steps")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     NUM_TRANSITIONS_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +137,7 @@ class TrajectoryBatch(_message.Message):
     PRIORITIES_FIELD_NUMBER: _ClassVar[int]
     GAMES_FIELD_NUMBER: _ClassVar[int]
     OPPONENTS_FIELD_NUMBER: _ClassVar[int]
+    ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     policy_version: int
     num_transitions: int
@@ -145,7 +146,8 @@ class TrajectoryBatch(_message.Message):
     priorities: _containers.RepeatedScalarFieldContainer[float]
     games: _containers.RepeatedCompositeFieldContainer[GameResult]
     opponents: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, seq: _Optional[int] = ..., policy_version: _Optional[int] = ..., num_transitions: _Optional[int] = ..., payload: _Optional[bytes] = ..., codec: _Optional[_Union[Codec, str]] = ..., priorities: _Optional[_Iterable[float]] = ..., games: _Optional[_Iterable[_Union[GameResult, _Mapping]]] = ..., opponents: _Optional[_Iterable[str]] = ...) -> None: ...
+    env_steps: int
+    def __init__(self, seq: _Optional[int] = ..., policy_version: _Optional[int] = ..., num_transitions: _Optional[int] = ..., payload: _Optional[bytes] = ..., codec: _Optional[_Union[Codec, str]] = ..., priorities: _Optional[_Iterable[float]] = ..., games: _Optional[_Iterable[_Union[GameResult, _Mapping]]] = ..., opponents: _Optional[_Iterable[str]] = ..., env_steps: _Optional[int] = ...) -> None: ...
 
 class EpisodeStats(_message.Message):
     __slots__ = ("returns", "lengths", "env_steps", "policy_version")

@@ -139,7 +139,8 @@ def decode_priorities(priorities: Sequence[float], num_transitions: int) -> np.n
 
 def encode_batch_message(seq: int, policy_version: int, num_transitions: int, payload: bytes,
                          codec: Codec | int | str, priorities: Sequence[float] = (),
-                         games: Sequence[pb.GameResult] = (), opponents: Sequence[str] = ()) -> bytes:
+                         games: Sequence[pb.GameResult] = (), opponents: Sequence[str] = (),
+                         env_steps: int = 0) -> bytes:
     """A serialized ``ActorMessage{batch}`` that copies the payload once.
 
     Building the proto objects would copy a large payload into the batch, again into the
@@ -148,7 +149,7 @@ def encode_batch_message(seq: int, policy_version: int, num_transitions: int, pa
     """
     head = pb.TrajectoryBatch(seq=seq, policy_version=policy_version, num_transitions=num_transitions,
                               codec=int(Codec.parse(codec)), priorities=priorities, games=games,
-                              opponents=opponents).SerializeToString()
+                              opponents=opponents, env_steps=env_steps).SerializeToString()
     payload_key = _field_key(pb.TrajectoryBatch, "payload") + _varint(len(payload))
     inner = len(head) + len(payload_key) + len(payload)
     return b"".join((_field_key(pb.ActorMessage, "batch"), _varint(inner), head, payload_key, payload))

@@ -16,7 +16,8 @@ from actorlearner.config import LearnerConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.transport import SecurityConfig
 from actorlearner.v1 import learner_pb2 as pb
-from streams import hello
+from actorlearner import wire
+from streams import batch, hello
 
 
 def test_env_steps_from_many_streams_add_up_exactly():
@@ -35,6 +36,23 @@ def test_env_steps_from_many_streams_add_up_exactly():
     finally:
         sys.setswitchinterval(interval)
     assert learner.env_steps == 8 * 2000
+
+
+def test_a_batchs_env_steps_count_once_as_it_is_stored():
+    """Counted with the stored batch, not with a later EpisodeStats: a resend (a duplicate) and a refused batch
+    add nothing; an EpisodeStats adds the steps it carries."""
+    learner = Learner(LearnerConfig(env="CartPole-v1", eval_every=0))
+    stream = learner.connect(hello("stepper").hello)
+    carrying = pb.ActorMessage.FromString(batch(1).SerializeToString())
+    carrying.batch.env_steps = 40
+    assert learner.ingest(stream, carrying.batch) and learner.env_steps == 40
+    assert not learner.ingest(stream, carrying.batch) and learner.env_steps == 40  # the resend
+    refused = pb.ActorMessage.FromString(batch(2).SerializeToString())
+    refused.batch.env_steps, refused.batch.num_transitions = 7, 15  # its payload holds 16
+    with pytest.raises(wire.WireError):
+        learner.ingest(stream, refused.batch)
+    learner.record_episodes(stream, pb.EpisodeStats(env_steps=3, policy_version=0))
+    assert learner.env_steps == 43 and learner.ingestion.inserted_batches == 1
 
 
 @pytest.mark.parametrize("host, exposed", [

@@ -16,7 +16,7 @@ from actorlearner.config import LearnerConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.server import serve
 from procs import wait_until
-from streams import RawStream, batch, hello
+from streams import RawStream, batch, fill_limiter, hello
 
 STREAMS = 50
 KILLED = 10
@@ -25,16 +25,6 @@ RAW_ACTOR = str(Path(__file__).parents[1] / "support" / "raw_actor.py")
 
 def reader_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("read-")]
-
-
-def fill_limiter(learner: Learner) -> None:
-    """Insert until the rate limiter holds further inserts (nothing samples: the learner is not started)."""
-    stream = learner.connect(hello("filler").hello)
-    seq = 0
-    while learner.replay.limiter.can_insert():
-        seq += 1
-        assert learner.ingest(stream, batch(seq, n=256).batch)
-    learner.disconnect(stream)
 
 
 def pool_threads() -> int:

@@ -129,3 +129,13 @@ def batch_for(learner: Learner, seq: int) -> bytes:
     marks[:, 0], marks[:, 1] = seq, np.arange(BATCH)
     return wire.encode_batch_message(seq, 0, BATCH, wire.encode_batch(fields), wire.Codec.MSGPACK,
                                      priorities=[1.0] * BATCH)
+
+
+def fill_limiter(learner: Learner) -> None:
+    """Insert until the rate limiter holds further inserts (nothing samples: the learner is not started)."""
+    stream = learner.connect(hello("filler").hello)
+    seq = 0
+    while learner.replay.limiter.can_insert():
+        seq += 1
+        assert learner.ingest(stream, batch(seq, n=256).batch)
+    learner.disconnect(stream)
