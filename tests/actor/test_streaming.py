@@ -109,4 +109,3 @@ def test_actor_with_a_different_env_is_refused_with_failed_precondition():
         assert learner.poll() is None
     finally:
         stop(learner)
-
