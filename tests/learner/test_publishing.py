@@ -3,11 +3,15 @@ blocking copy, no read); every version goes out once, in order, as the weights w
 published, however slow serialization is; a publisher failure is logged and raised to the caller."""
 
 import logging
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
-from procs import wait_until
+from procs import CHILD_ENV, wait_until
+from streams import RawStream, hello
 from test_device_step import make_step
 
 from actorlearner import wire
@@ -18,6 +22,7 @@ from actorlearner.learner import publishing as publishing_module
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.publishing import DEPTH, Publishing
 from actorlearner.learner.roles import Roles
+from actorlearner.learner.server import serve
 from actorlearner.pinned import pinned_empty
 from actorlearner.streaming.broadcast import PolicyBroadcast
 
@@ -171,3 +176,58 @@ def test_the_learner_publishes_from_its_training_loop_without_waiting_and_at_onc
             assert torch.equal(got[name], value), name
     finally:
         learner.stop()
+
+
+# A client that reads the Welcome and then nothing more (it never drains its stream).
+STALLED_READER = """
+import sys, time, grpc
+from streams import CONNECT, hello
+channel = grpc.insecure_channel(sys.argv[1], options=[("grpc.max_receive_message_length", 64 << 20)])
+call = channel.stream_stream(CONNECT, request_serializer=None, response_deserializer=None)(
+    iter([hello("stalled").SerializeToString()]))
+next(call)
+print("welcomed", flush=True)
+time.sleep(3600)
+"""
+
+
+def resident_bytes() -> int:
+    """This process's resident set (VmRSS)."""
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+def test_a_stream_that_stops_reading_holds_no_more_than_a_version_and_the_others_are_served():
+    """60 versions of a 4 MB policy go out while one actor reads nothing: its stream's sender waits on gRPC's
+    flow control with one version in hand (latest wins, nothing queues behind it), so the learner's memory
+    does not grow by the versions it skipped (60 payloads if they queued), and a stream opened meanwhile
+    gets the newest version."""
+    learner = Learner(LearnerConfig(env="CartPole-v1", eval_every=0, algorithm_config=DQNConfig(hidden_sizes=(1024, 1024))))
+    payload = len(learner.broadcast.payload)
+    assert payload > 4 << 20
+
+    def publish(versions: int) -> None:
+        for _ in range(versions):
+            learner.progress.version += 1
+            learner.training.publish()
+            learner.publishing.flush()
+
+    with serve(learner, "127.0.0.1", 0) as port:
+        stalled = subprocess.Popen([sys.executable, "-c", STALLED_READER, f"127.0.0.1:{port}"], stdout=subprocess.PIPE,
+                                   text=True, env=CHILD_ENV)
+        try:
+            assert stalled.stdout.readline().strip() == "welcomed"
+            publish(5)  # the stalled stream's transport buffers fill; allocator pools warm up
+            before = resident_bytes()
+            publish(60)
+            assert resident_bytes() - before < 4 * payload
+            reading = RawStream(f"127.0.0.1:{port}", hello("reading"))
+            try:
+                assert reading.next("welcome").welcome.policy_version == learner.broadcast.version
+                assert reading.next("policy_update").policy_update.version == learner.broadcast.version
+            finally:
+                reading.close()
+            assert stalled.poll() is None
+        finally:
+            stalled.kill()
+    learner.stop()
