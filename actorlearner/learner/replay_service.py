@@ -33,9 +33,9 @@ class Credit:
     """Rate-limiter leave to sample ``n`` items, taken on entry; given back on exit unless :meth:`spend` was
     called. False when the limiter said wait."""
 
-    def __init__(self, limiter: RateLimiter | None, n: int, timeout: float):
+    def __init__(self, limiter: RateLimiter, n: int, timeout: float):
         self._limiter, self._n = limiter, n
-        self._granted = limiter is not None and limiter.acquire_sample(n, timeout=timeout)
+        self._granted = limiter.acquire_sample(n, timeout=timeout)
 
     def __bool__(self) -> bool:
         return self._granted

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import torch
 
-from actorlearner.replay.buffer import KERNELS, PrioritizedReplay
+from actorlearner.replay.buffer import PrioritizedReplay
 from actorlearner.replay.compiled import CompiledReplay
 from actorlearner.replay.device import DeviceReplay
 from actorlearner.replay.layout import FieldSpec
@@ -23,7 +23,5 @@ def make_replay(capacity: int, fields: Mapping[str, FieldSpec], *, device: str |
     wherever they run (``"triton"``: on the CPU in triton's interpreter, for tests). ``options`` are
     :class:`PrioritizedReplay`'s keyword arguments (alpha, beta, beta_steps, eps, branching, frames, frame_capacity).
     """
-    if kernels not in KERNELS:
-        raise ValueError(f"kernels must be 'auto', 'torch' or 'triton', got {kernels!r}")
     path = CompiledReplay if torch.device(device).type == "cpu" and kernels == "auto" else DeviceReplay
     return path(capacity, fields, device=device, kernels=kernels, **options)
