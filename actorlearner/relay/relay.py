@@ -12,6 +12,7 @@ nothing acked is lost and the learner's duplicate filter keeps anything from bei
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import queue
@@ -40,13 +41,46 @@ class RelayError(Refused):
 
 
 class RelayServedStream(ServedStream):
-    """One stream into the relay: an actor's, or a downstream relay's (the actors it carries are routed to it)."""
+    """One stream into the relay: an actor's, or a downstream relay's (the actors it carries are routed to it).
+    Make it on the serving loop."""
 
     def __init__(self, hello: pb.Hello):
         super().__init__(hello.actor_id, hello.relay)
         self.hello = hello
         self.welcomed = False  # a Welcome went out: policy versions follow it
-        self.in_flight = 0  # batches forwarded upstream and not acked yet
+        self.in_flight = 0  # batches forwarded upstream and not acked yet; under lock
+        self._room = asyncio.Event()  # an ack made room in the window the reader waits on
+        self._awaiting_room = False  # under lock
+
+    async def enter_window(self, limit: int) -> None:
+        """Count one more batch in flight, once fewer than ``limit`` are (the stream's reader, on the loop)."""
+        while True:
+            with self.lock:
+                if self.in_flight < limit:
+                    self.in_flight += 1
+                    return
+                self._awaiting_room = True
+                self._room.clear()
+            await self._room.wait()
+
+    def acked(self, ack: pb.LearnerMessage) -> None:
+        """Queue ``ack`` for the sender, its batch out of the window (from any thread): one hand-off to the
+        loop wakes the sender and, if it waits for room, the reader."""
+        with self.lock:
+            self.outbox.append(ack)
+            self.in_flight = max(0, self.in_flight - 1)
+            room, self._awaiting_room = self._awaiting_room, False
+        if not room:
+            self.wake()
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._make_room)
+        except RuntimeError:  # the loop is closed: the stream is over
+            pass
+
+    def _make_room(self) -> None:
+        self._room.set()
+        self.wake()
 
 
 @dataclass
@@ -99,7 +133,8 @@ class Relay(Reconnecting):
     # -- downstream ------------------------------------------------------------------------
 
     def join(self, stream: RelayServedStream) -> bool:
-        """Register a new downstream stream (an actor joins upstream); False while the upstream is down."""
+        """Register a new downstream stream (an actor joins upstream); False while the upstream is down.
+        The caller wakes it on every publish of ``broadcast``."""
         with self.lock:
             if not self.up:
                 return False
@@ -110,20 +145,18 @@ class Relay(Reconnecting):
                 stream.push(pb.LearnerMessage(welcome=welcome))
             else:
                 self._join(stream, stream.actor_id, stream.hello)
-        self.broadcast.listen(stream.wake)
         return True
 
     def leave(self, stream: RelayServedStream) -> None:
         """A downstream stream ended: its actors leave upstream."""
-        self.broadcast.unlisten(stream.wake)
         with self.lock:
             self.streams.discard(stream)
             for actor_id, route in list(self.routes.items()):
                 if route.stream is stream:
                     self._leave(actor_id)
 
-    def forward(self, stream: RelayServedStream, message: pb.ActorMessage) -> None:
-        """Pass a downstream message up (WireError for one its stream may not send).
+    async def forward(self, stream: RelayServedStream, message: pb.ActorMessage) -> None:
+        """Pass a downstream message up (WireError for one its stream may not send); the stream's reader, on the loop.
 
         Waits while the stream has as many batches in flight as its actors' windows allow:
         gRPC flow control then holds the actor, as a busy learner would. A message larger than the
@@ -150,11 +183,7 @@ class Relay(Reconnecting):
         if kind not in ("batch", "episode_stats"):
             raise wire.WireError("empty ActorMessage")
         if kind == "batch":
-            limit = self.max_unacked * (self.config.max_streams if stream.relay else 1)
-            with stream.cond:
-                while stream.in_flight >= limit and not stream.closed:
-                    stream.cond.wait(0.5)
-                stream.in_flight += 1
+            await stream.enter_window(self.max_unacked * (self.config.max_streams if stream.relay else 1))
         with self.lock:
             route = self.routes.get(message.actor_id)
             dropped = route is None or route.stream is not stream or self._requests is None
@@ -168,7 +197,7 @@ class Relay(Reconnecting):
                 route.policy_version = max(route.policy_version, min(version, self.broadcast.version))
                 self._requests.put(message)
         if dropped and kind == "batch":  # the actor left or moved, or the upstream is down: it resends
-            with stream.cond:
+            with stream.lock:
                 stream.in_flight -= 1
 
     def check_size(self, message: pb.ActorMessage) -> None:
@@ -212,17 +241,16 @@ class Relay(Reconnecting):
                     route.batches.add()
                     route.transitions += n
         stream = route.stream
-        if kind == "ack":
-            with stream.cond:
-                stream.in_flight = max(0, stream.in_flight - 1)
-                stream.cond.notify_all()
         if not stream.relay:
             if kind == "refusal":
                 code = getattr(grpc.StatusCode, message.refusal.code, grpc.StatusCode.UNKNOWN)
                 stream.fail(code, message.refusal.reason)
                 return
             message.ClearField("actor_id")
-        stream.push(message)
+        if kind == "ack":
+            stream.acked(message)
+        else:
+            stream.push(message)
 
     # -- upstream --------------------------------------------------------------------------
 
@@ -312,7 +340,6 @@ class Relay(Reconnecting):
         actors += [pb.ActorStatus(actor_id=s.actor_id, policy_version=s.sent_version,
                                   lag=max(0, version - s.sent_version), connected=True, relay=True) for s in relays]
         return pb.StatusResponse(policy_version=version, learner_id=learner_id, actors=actors)
-
 
     def metrics(self) -> list[Metric]:
         """What the relay exposes to Prometheus, read at each scrape."""

@@ -1,10 +1,15 @@
-"""The relay's gRPC service: the Learner service, answered for the actors behind the relay."""
+"""The relay's gRPC service: the Learner service, answered for the actors behind the relay.
+
+Its Connect streams are coroutines on the server's event loop (a reader task beside each), so the relay's
+threads stay few whatever the number of actors; its upstream stream runs on a thread of its own.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import logging
-import threading
 
 import grpc
 
@@ -13,96 +18,115 @@ from actorlearner.config import RelayConfig
 from actorlearner.health import Health
 from actorlearner.relay.relay import Relay, RelayServedStream
 from actorlearner.streaming.broadcast import ONNX_FORMAT
-from actorlearner.streaming.service import StreamCap, learner_server, parsed, read_hello
+from actorlearner.streaming.served import wake_all
+from actorlearner.streaming.service import LoopThread, StreamCap, learner_server, messages, read_hello
 from actorlearner.transport import add_port, grpc_options, open_channel
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
+SERVER_STOP_GRACE_SECONDS = 2.0
+"""The server's grace on stop: the relay has ended every stream by then (UNAVAILABLE), so they end at once."""
+
 
 class RelayService(pb_grpc.LearnerServicer):
-    """Connect streams join the relay; GetStatus answers for the relay; GetSpec and SetParameters are the upstream's."""
+    """Connect streams join the relay; GetStatus answers for the relay; GetSpec and SetParameters are the upstream's.
+    Make it on the loop that serves it: the unary calls run on the server's small thread pool."""
 
     def __init__(self, relay: Relay):
         self.relay = relay
         self._cap = StreamCap(relay.config.max_streams, "the relay")
+        self._streams: set[RelayServedStream] = set()  # the joined streams; the loop's
+        self._wake = functools.partial(wake_all, asyncio.get_running_loop(), self._streams)
+        relay.broadcast.listen(self._wake)  # one hand-off to the loop per version wakes every stream
 
-    def Connect(self, request_iterator, context):
-        with self._cap.slot(context):
-            yield from self._serve(parsed(request_iterator), context)
+    def close(self) -> None:
+        """Stop following the relay's broadcast (the server is stopping)."""
+        self.relay.broadcast.unlisten(self._wake)
 
-    def _serve(self, request_iterator, context):
-        hello = read_hello(request_iterator, context, self.relay.config.hello_timeout)
+    async def Connect(self, request_iterator, context):
+        """One actor's (or downstream relay's) stream; past ``max_streams`` open streams a new one is refused.
+
+        The stream's sender is this coroutine; a reader task beside it forwards the stream's messages upstream.
+        """
+        async with self._cap.slot(context):
+            await self._serve(context)
+
+    async def _serve(self, context: grpc.aio.ServicerContext) -> None:
+        hello = await read_hello(context, self.relay.config.hello_timeout)
         if hello is None:
             return
         if not hello.actor_id:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Hello.actor_id must not be empty")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Hello.actor_id must not be empty")
         if hello.policy_format == ONNX_FORMAT:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "a relay sends state_dict policies only: "
-                                                               "connect an ONNX actor to the learner itself")
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "a relay sends state_dict policies only: "
+                                                                     "connect an ONNX actor to the learner itself")
         try:
             self.relay.check_size(pb.ActorMessage(actor_id=hello.actor_id, hello=hello))
         except wire.WireError as exc:
-            context.abort(exc.status_code, str(exc))
+            await context.abort(exc.status_code, str(exc))
         stream = RelayServedStream(hello)
-        context.add_callback(stream.close)
         if not self.relay.join(stream):
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"relay {self.relay.relay_id} is not connected upstream yet")
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"relay {self.relay.relay_id} is not connected upstream yet")
+        self._streams.add(stream)
         logger.info("%s %s connected", "relay" if stream.relay else "actor", stream.actor_id)
-        threading.Thread(target=self._read, args=(request_iterator, stream), daemon=True,
-                         name=f"relay-read-{stream.actor_id}").start()
+        reader = asyncio.get_running_loop().create_task(self._read(context, stream),
+                                                        name=f"relay-read-{stream.actor_id}")
         try:
-            yield from self._send(stream)
+            await self._send(context, stream)
         finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            self._streams.discard(stream)
             stream.close()
             self.relay.leave(stream)
             logger.info("%s %s disconnected", "relay" if stream.relay else "actor", stream.actor_id)
         if stream.error:
-            context.abort(*stream.error)
+            await context.abort(*stream.error)
 
-    def _read(self, request_iterator, stream: RelayServedStream) -> None:
-        """Forward the stream's messages upstream until it ends or sends one it may not."""
+    async def _read(self, context: grpc.aio.ServicerContext, stream: RelayServedStream) -> None:
+        """Forward the stream's messages upstream until it half-closes, sends one it may not, or ends."""
         try:
-            for message in request_iterator:
-                self.relay.forward(stream, message)
+            async for message in messages(context):
+                await self.relay.forward(stream, message)
         except wire.WireError as exc:
             logger.warning("%s sent bad input: %s", stream.actor_id, exc)
             stream.fail(exc.status_code, str(exc))
         except grpc.RpcError:
             stream.close()
 
-    def _send(self, stream: RelayServedStream):
-        """Yield what is routed to the stream and, once it is welcomed, the relay's newest policy
+    async def _send(self, context: grpc.aio.ServicerContext, stream: RelayServedStream) -> None:
+        """Write what is routed to the stream and, once it is welcomed, the relay's newest policy
         version. A Welcome for the stream itself names the version that follows it (the first one)
-        or was sent last (later ones, settings changes)."""
+        or was sent last (later ones, settings changes). The only writer of the stream."""
         broadcast = self.relay.broadcast
         while True:
-            with stream.cond:
-                while not (stream.outbox or stream.closed
-                           or (stream.welcomed and broadcast.version > stream.sent_version)):
-                    stream.cond.wait(0.5)
-                outbox = list(stream.outbox)
-                stream.outbox.clear()
-            for message in outbox:
+            while not (stream.outbox or stream.closed
+                       or (stream.welcomed and broadcast.version > stream.sent_version)):
+                await stream.woken()
+            for message in stream.take_outbox():
                 if message.WhichOneof("kind") != "welcome" or message.actor_id:
-                    yield message
+                    await context.write(message)
                 elif stream.welcomed:
                     message.welcome.policy_version = stream.sent_version
-                    yield message
+                    await context.write(message)
                 else:
                     version, policy = broadcast.latest()
                     message.welcome.policy_version = version
-                    yield message
+                    await context.write(message)
                     if stream.hello.policy_version != version:
-                        yield from policy
+                        for chunk in policy:
+                            await context.write(chunk)
                     stream.sent_version, stream.welcomed = version, True
             if stream.closed:
                 return
             version, policy = broadcast.latest()
             if stream.welcomed and version > stream.sent_version:
                 stream.sent_version = version
-                yield from policy
+                for chunk in policy:
+                    await context.write(chunk)
 
     def GetStatus(self, request, context):
         return self.relay.status()
@@ -125,13 +149,32 @@ class RelayService(pb_grpc.LearnerServicer):
 
 @contextlib.contextmanager
 def serve(config: RelayConfig, health: Health | None = None):
-    """Run a relay: its upstream stream and its Learner service; yields the relay and the bound port."""
+    """Run a relay: its upstream stream, and its Learner service on an event loop of its own; yields the
+    relay and the bound port."""
     relay = Relay(config).start()
-    server = learner_server(RelayService(relay), config.max_streams, config.max_message_bytes, config.security, health)
+
+    async def start() -> tuple[RelayService, grpc.aio.Server, int]:
+        service = RelayService(relay)
+        server = learner_server(service, config.max_streams, config.max_message_bytes, config.security, health)
+        try:
+            bound = add_port(server, f"{config.host}:{config.port}", config.security)
+        except BaseException:
+            service.close()
+            raise
+        await server.start()
+        return service, server, bound
+
+    loop = LoopThread("relay-grpc")
     try:
-        bound = add_port(server, f"{config.host}:{config.port}", config.security)
-        server.start()
+        service, server, bound = loop.run(start())
+    except BaseException:
+        relay.close()
+        loop.close()
+        raise
+    try:
         yield relay, bound
     finally:
         relay.close()
-        server.stop(grace=2.0).wait()
+        loop.run(server.stop(SERVER_STOP_GRACE_SECONDS))
+        service.close()
+        loop.close()
