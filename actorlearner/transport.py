@@ -84,6 +84,16 @@ def add_port(server: grpc.Server, address: str, security: SecurityConfig | None)
     return port
 
 
+def _refusal_handlers(refuse) -> dict[tuple[bool, bool], grpc.RpcMethodHandler]:
+    """``refuse`` as a handler of each kind, keyed by (request streaming, response streaming)."""
+    return {
+        (False, False): grpc.unary_unary_rpc_method_handler(refuse),
+        (True, False): grpc.stream_unary_rpc_method_handler(refuse),
+        (False, True): grpc.unary_stream_rpc_method_handler(refuse),
+        (True, True): grpc.stream_stream_rpc_method_handler(refuse),
+    }
+
+
 class _TokenCheck(grpc.ServerInterceptor):
     """Refuse every call but health checks unless it carries ``authorization: Bearer <token>``."""
 
@@ -93,29 +103,48 @@ class _TokenCheck(grpc.ServerInterceptor):
         def refuse(request, context):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
 
-        self._refusals = {
-            (False, False): grpc.unary_unary_rpc_method_handler(refuse),
-            (True, False): grpc.stream_unary_rpc_method_handler(refuse),
-            (False, True): grpc.unary_stream_rpc_method_handler(refuse),
-            (True, True): grpc.stream_stream_rpc_method_handler(refuse),
-        }
+        async def refuse_async(request, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+        self.refusals, self.async_refusals = _refusal_handlers(refuse), _refusal_handlers(refuse_async)
+
+    def passes(self, handler_call_details: grpc.HandlerCallDetails) -> bool:
+        """Whether the call is a health check or carries the token."""
+        if handler_call_details.method.startswith(HEALTH_PREFIX):
+            return True
+        sent = dict(handler_call_details.invocation_metadata or ()).get("authorization", "")
+        return hmac.compare_digest(sent.encode(), self._expected)
 
     def intercept_service(self, continuation, handler_call_details):
-        if handler_call_details.method.startswith(HEALTH_PREFIX):
-            return continuation(handler_call_details)
-        sent = dict(handler_call_details.invocation_metadata or ()).get("authorization", "")
-        if hmac.compare_digest(sent.encode(), self._expected):
-            return continuation(handler_call_details)
         handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        return self._refusals[handler.request_streaming, handler.response_streaming]
+        if handler is None or self.passes(handler_call_details):
+            return handler
+        return self.refusals[handler.request_streaming, handler.response_streaming]
 
 
 def auth_interceptors(security: SecurityConfig | None) -> list[grpc.ServerInterceptor]:
     """The server interceptors ``security`` asks for (none without a token)."""
     token = security.token() if security is not None else ""
     return [_TokenCheck(token)] if token else []
+
+
+class _AsyncTokenCheck(grpc.aio.ServerInterceptor):
+    """:class:`_TokenCheck` for a grpc.aio server."""
+
+    def __init__(self, token: str):
+        self._check = _TokenCheck(token)
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or self._check.passes(handler_call_details):
+            return handler
+        return self._check.async_refusals[handler.request_streaming, handler.response_streaming]
+
+
+def async_auth_interceptors(security: SecurityConfig | None) -> list[grpc.aio.ServerInterceptor]:
+    """:func:`auth_interceptors` for a grpc.aio server."""
+    token = security.token() if security is not None else ""
+    return [_AsyncTokenCheck(token)] if token else []
 
 
 class _TokenSender(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor,

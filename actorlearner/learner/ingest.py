@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -18,7 +19,7 @@ from actorlearner.v1 import learner_pb2 as pb
 
 
 class Ingest:
-    """Checks each batch (from many gRPC threads at once) and hands it to the replay service, with its
+    """Checks each batch (from the serving loop or any thread) and hands it to the replay service, with its
     role's record and the counts made as it commits."""
 
     def __init__(self, config: LearnerConfig, fields: dict[str, tuple[tuple[int, ...], torch.dtype]],
@@ -36,10 +37,26 @@ class Ingest:
         limiter (backpressure that reaches the actor through gRPC flow control) until the
         stream ends or the learner drains (InsertAborted). The limiter counts only what was stored.
         """
+        checked = self._check(session, batch, payload)
+        return checked is not None and self._stored(session, batch, self.replay.insert(
+            session.record.actor_id, batch.seq, *checked, batch.policy_version, session.ended,
+            self._committed(session, batch)))
+
+    async def ingest_async(self, session: ActorSession, batch: pb.TrajectoryBatch,
+                           payload: memoryview | None = None) -> bool:
+        """:meth:`ingest` for a stream served on an event loop: the wait on the rate limiter does not block the
+        loop, and cancelling it (the stream ended) gives the batch up, unacked."""
+        checked = self._check(session, batch, payload)
+        return checked is not None and self._stored(session, batch, await self.replay.insert_async(
+            session.record.actor_id, batch.seq, *checked, batch.policy_version, self._committed(session, batch)))
+
+    def _check(self, session: ActorSession, batch: pb.TrajectoryBatch,
+               payload: memoryview | None) -> tuple[dict, int, object] | None:
+        """The batch's arrays, size and priorities, checked; None for a duplicate. WireError for bad input."""
         record = session.record
         record.last_seen = time.time()
         if self.registry.duplicate(session, batch.seq, self.replay.stored_seq(record.actor_id)):
-            return False
+            return None
         newest = max(self.progress.version, session.hello_version)
         if not 0 <= batch.policy_version <= newest:
             raise wire.WireError(f"policy_version must be in [0, {newest}] (the newest version this learner or "
@@ -52,19 +69,23 @@ class Ingest:
         if priorities is None and session.priorities:
             raise wire.WireError("this stream's Settings.actor_priorities is true: every batch must carry "
                                  "one priority per transition")
+        return arrays, n, priorities
 
-        def committed() -> None:  # under the replay's lock: exactly once per stored batch
+    def _committed(self, session: ActorSession, batch: pb.TrajectoryBatch) -> Callable[[], None]:
+        """What runs under the replay's lock as the batch is stored: exactly once per stored batch."""
+        def committed() -> None:
             self.roles.record_batch(batch)
             self.inserted_batches += 1
-            record.transitions += n
+            session.record.transitions += batch.num_transitions
             self.progress.count_steps(batch.env_steps)
 
-        if not self.replay.insert(record.actor_id, batch.seq, arrays, n, priorities, batch.policy_version,
-                                  session.ended, committed):
-            return False
-        record.saw_version(batch.policy_version, self.progress.version)
-        record.batches.add()
-        return True
+        return committed
+
+    def _stored(self, session: ActorSession, batch: pb.TrajectoryBatch, inserted: bool) -> bool:
+        if inserted:
+            session.record.saw_version(batch.policy_version, self.progress.version)
+            session.record.batches.add()
+        return inserted
 
     def report(self, response: pb.StatusResponse) -> None:
         response.inserted = self.inserted_batches

@@ -201,6 +201,11 @@ class Learner:
         """Store a batch unless its seq was stored; True if inserted, False if a duplicate (see :class:`Ingest`)."""
         return self.ingestion.ingest(session, batch, payload)
 
+    async def ingest_async(self, session: ActorSession, batch: pb.TrajectoryBatch,
+                           payload: memoryview | None = None) -> bool:
+        """:meth:`ingest` for a stream served on an event loop (the rate limiter's wait does not block it)."""
+        return await self.ingestion.ingest_async(session, batch, payload)
+
     def record_episodes(self, session: ActorSession, stats: pb.EpisodeStats) -> None:
         self.ingestion.record_episodes(session, stats)
 

@@ -58,7 +58,7 @@ class ReplayService:
     under, and the seq table: the highest stored seq per actor id, the duplicate filter, which changes
     with the buffer's contents.
 
-    Inserts from many gRPC threads: each reserves its rows under the lock, copies them without it (when
+    Inserts from any thread, or the serving loop (:meth:`insert_async`): each reserves its rows under the lock, copies them without it (when
     large) and commits under it again. :meth:`quiesced` waits for open inserts, for a state of the
     learner as of one instant; :meth:`seal` refuses every later insert, so that none is acked after the
     final checkpoint. ``stopping`` (the learner's) gives up inserts waiting on the limiter.
@@ -101,6 +101,20 @@ class ReplayService:
         its credit is given back and the seq table is as before.
         """
         self._acquire_insert(n, ended)
+        return self._store(actor_id, seq, arrays, n, priorities, policy_version, committed)
+
+    async def insert_async(self, actor_id: str, seq: int, arrays: Mapping, n: int, priorities, policy_version: int,
+                           committed: Callable[[], None]) -> bool:
+        """:meth:`insert` for a stream served on an event loop: the wait for the rate limiter's room does not
+        block the loop, and cancelling it (the stream ended) gives the batch up. The store itself does not wait
+        on anything but the lock."""
+        if not await self.limiter.acquire_insert_async(n):
+            raise InsertAborted("the learner is shutting down")
+        return self._store(actor_id, seq, arrays, n, priorities, policy_version, committed)
+
+    def _store(self, actor_id: str, seq: int, arrays: Mapping, n: int, priorities, policy_version: int,
+               committed: Callable[[], None]) -> bool:
+        """The insert once the limiter counted it: reserve, write, commit (or give everything back)."""
         reservation, inserted, previous = None, False, -1
         try:
             with self._lock:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import logging
-import threading
 
 import grpc
 
@@ -17,8 +18,9 @@ from actorlearner.learner.replay_service import InsertAborted
 from actorlearner.learner.roles import StreamFeed
 from actorlearner.learner.spec import Refusal
 from actorlearner.streaming.broadcast import ONNX_FORMAT, PolicyBroadcast
-from actorlearner.streaming.served import ServedStream
-from actorlearner.streaming.service import StreamCap, learner_server, parse_keeping_payload, parsed, read_hello
+from actorlearner.streaming.served import ServedStream, StreamEnded, wake_all
+from actorlearner.streaming.service import (LoopThread, StreamCap, learner_server, messages, parse_keeping_payload,
+                                            read_hello, serialize_learner_message)
 from actorlearner.transport import add_port
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
@@ -36,34 +38,36 @@ ONNX_WELCOME_WAIT_SECONDS = 120.0
 SERVER_STOP_GRACE_SECONDS = SHUTDOWN_GRACE_SECONDS + 3.0
 """The server's grace on stop: past the Shutdown wait, so that every stream ends with OK, not cancelled."""
 
-
-class SerialSend:
-    """gRPC's ``send_response`` for one non-blocking call, one send at a time: a message, or None for
-    the status. Each call returns once gRPC has taken the message."""
-
-    def __init__(self, send_response):
-        self._send_response = send_response
-        self._lock = threading.Lock()
-
-    def __call__(self, message: pb.LearnerMessage | bytes | None) -> None:
-        with self._lock:
-            self._send_response(message)
+STOPPING_POLL_SECONDS = 0.25
+"""How often the service looks whether the learner is stopping (then every stream sends Shutdown)."""
 
 
 class LearnerServedStream(ServedStream):
     """One Connect stream into the learner: the actor's ``session`` with the learner (a relay's own,
     for a relay's stream), the policy broadcast it follows, the roles' ``feed``, and what the learner sent on it."""
 
-    def __init__(self, session: ActorSession, broadcast: PolicyBroadcast, send: SerialSend, feed: StreamFeed):
+    def __init__(self, session: ActorSession, broadcast: PolicyBroadcast, context: grpc.aio.ServicerContext,
+                 feed: StreamFeed):
         super().__init__(session.record.actor_id, session.record.relay)
         self.session = session
         self.broadcast = broadcast
-        self.send = send  # a message out now, from any thread: the sender's, or the reader's acks
         self.settings_version = -1  # the learner's settings_version of the last Welcome sent
-        self.children: dict[str, ActorSession] = {}  # a relay's actors, by id; under cond
-        self.refused: set[str] = set()  # a relay's actors refused since they last joined; under cond
+        self.children: dict[str, ActorSession] = {}  # a relay's actors, by id; under lock
+        self.refused: set[str] = set()  # a relay's actors refused since they last joined; under lock
         self.feed = feed
-        self.input_ended = False  # the actor half-closed: it sends nothing more; under cond
+        self.input_ended = False  # the actor half-closed: it sends nothing more
+        self._context = context
+        self._writing = asyncio.Lock()  # one write at a time: the sender's, or the reader's acks
+
+    async def send(self, message: pb.LearnerMessage | bytes) -> None:
+        """Write ``message`` on the stream; returns once gRPC has taken it (flow control holds it while the
+        actor does not read). :class:`StreamEnded` if the actor went away first."""
+        data = serialize_learner_message(message)
+        async with self._writing:
+            try:
+                await self._context.write(data)
+            except Exception as exc:  # gRPC fails a write only once the call is over
+                raise StreamEnded(f"actor {self.actor_id}'s stream ended") from exc
 
     def sent(self, version: int) -> None:
         """``version`` goes out next; a relay's status shows it as the version the relay holds."""
@@ -72,9 +76,9 @@ class LearnerServedStream(ServedStream):
             self.session.record.policy_version = version
 
     def close(self) -> None:
-        """The stream is over: the sender returns, and a batch waiting on the rate limiter gives up."""
+        """The stream is over: the sender returns, and the actors' sessions end."""
         super().close()
-        with self.cond:
+        with self.lock:
             children = list(self.children.values())
         self.session.ended.set()
         for child in children:
@@ -82,71 +86,95 @@ class LearnerServedStream(ServedStream):
 
 
 class LearnerService(pb_grpc.LearnerServicer):
-    """Thin servicer: every decision is the :class:`Learner`'s."""
+    """Thin servicer: every decision is the :class:`Learner`'s. Make it on the loop that serves it: Connect
+    streams are coroutines there, the unary calls run on the server's small thread pool."""
 
     def __init__(self, learner: Learner, max_streams: int = 64):
         self.learner = learner
         self._cap = StreamCap(max_streams, "the learner")
+        loop = asyncio.get_running_loop()
+        self._followers: dict[PolicyBroadcast, set[LearnerServedStream]] = {}  # the open streams, by broadcast
+        self._wakes = []
+        for broadcast in (learner.broadcast, learner.onnx_feed.broadcast if learner.onnx_feed else None):
+            if broadcast is not None:  # one hand-off to the loop per publish wakes all its streams
+                streams = self._followers[broadcast] = set()
+                self._wakes.append((broadcast, functools.partial(wake_all, loop, streams)))
+                broadcast.listen(self._wakes[-1][1])
+        self._watcher = loop.create_task(self._wake_all_when_stopping())
 
-    def Connect(self, request_iterator, context, send_response):
+    def close(self) -> None:
+        """Stop following the learner's broadcasts (the server is stopping)."""
+        for broadcast, wake in self._wakes:
+            broadcast.unlisten(wake)
+        self._watcher.cancel()
+
+    async def _wake_all_when_stopping(self) -> None:
+        """Once the learner stops, every stream's sender sends Shutdown."""
+        while not self.learner.stopping.is_set():
+            await asyncio.sleep(STOPPING_POLL_SECONDS)
+        for streams in self._followers.values():
+            for stream in list(streams):
+                stream.wake()
+
+    async def Connect(self, request_iterator, context):
         """One actor's (or relay's) stream; past ``max_streams`` open streams a new one is refused, not queued.
 
-        Non-blocking (gRPC's ``experimental_non_blocking``): this thread sends what :meth:`_serve` yields
-        and the status, and the stream's reader sends each ack itself, without a hand-off between threads.
+        The stream's sender is this coroutine: it writes the Welcome, policy versions, settings and
+        Shutdown; a reader task beside it ingests the actor's messages and writes each ack itself.
         """
-        send = SerialSend(send_response)
-        with self._cap.slot(context):
-            for message in self._serve(parsed(request_iterator), context, send):
-                send(message)
-        send(None)  # the status: OK (a refusal or an error aborts instead, and gRPC sends that)
+        async with self._cap.slot(context):
+            await self._serve(context)
 
-    Connect.experimental_non_blocking = True
-
-    def _serve(self, request_iterator, context, send: SerialSend):
-        hello = read_hello(request_iterator, context, self.learner.config.hello_timeout)
+    async def _serve(self, context: grpc.aio.ServicerContext) -> None:
+        hello = await read_hello(context, self.learner.config.hello_timeout)
         if hello is None:
             return
         refusal = self.learner.check_hello(hello)
         if refusal:
-            context.abort(getattr(grpc.StatusCode, refusal.code), refusal.reason)
+            await context.abort(getattr(grpc.StatusCode, refusal.code), refusal.reason)
         onnx = hello.policy_format == ONNX_FORMAT
         stream = LearnerServedStream(self.learner.connect(hello),
-                                      self.learner.onnx_feed.broadcast if onnx else self.learner.broadcast, send,
+                                      self.learner.onnx_feed.broadcast if onnx else self.learner.broadcast, context,
                                       self.learner.feed())
-        if not context.add_callback(stream.close):
-            stream.close()  # the call is over already
-        stream.broadcast.listen(stream.wake)
-        if onnx:
-            self.learner.onnx_feed.subscribe()
-            self.learner.onnx_feed.wait_current(ONNX_WELCOME_WAIT_SECONDS)
-        if stream.relay:
-            logger.info("relay %s connected", stream.actor_id)
-        else:
-            logger.info("actor %s connected (index %d)", stream.actor_id, stream.session.record.index)
+        followers = self._followers[stream.broadcast]
+        followers.add(stream)
+        reader = None
         try:
+            if onnx:
+                self.learner.onnx_feed.subscribe()
+                await asyncio.to_thread(self.learner.onnx_feed.wait_current, ONNX_WELCOME_WAIT_SECONDS)
+            if stream.relay:
+                logger.info("relay %s connected", stream.actor_id)
+            else:
+                logger.info("actor %s connected (index %d)", stream.actor_id, stream.session.record.index)
             version, messages = stream.broadcast.latest()  # one snapshot: Welcome names what follows
             stream.settings_version = self.learner.settings_version
-            yield pb.LearnerMessage(welcome=self.learner.welcome(stream.session, version))
+            await stream.send(pb.LearnerMessage(welcome=self.learner.welcome(stream.session, version)))
             stream.sent(version)
             if hello.policy_version != version:  # the actor holds it already otherwise
-                yield from messages
+                for message in messages:
+                    await stream.send(message)
             # Read only now: the reader's acks go out at once, and must not overtake the Welcome.
-            threading.Thread(target=self._read, args=(request_iterator, stream), daemon=True,
-                             name=f"read-{stream.actor_id}").start()
-            yield from self._send(stream)
+            reader = asyncio.get_running_loop().create_task(self._read(context, stream), name=f"read-{stream.actor_id}")
+            await self._send(stream)
+        except StreamEnded:
+            return  # the actor went away: nobody reads a status
         finally:
-            stream.broadcast.unlisten(stream.wake)
+            if reader is not None:
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
+            followers.discard(stream)
             if onnx:
                 self.learner.onnx_feed.unsubscribe()
             stream.close()
-            with stream.cond:
+            with stream.lock:
                 children, stream.children = list(stream.children.values()), {}
             for child in children:
                 self.learner.disconnect(child)
             self.learner.disconnect(stream.session)
             logger.info("actor %s disconnected", stream.actor_id)
         if stream.error:
-            context.abort(*stream.error)
+            await context.abort(*stream.error)
 
     def GetStatus(self, request, context):
         return self.learner.status()
@@ -162,7 +190,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         return pb.SetParametersResponse(previous=[pb.Parameter(name=c.name, value=c.previous) for c in changes],
                                         applied=[pb.Parameter(name=c.name, value=c.value) for c in changes])
 
-    def _read(self, request_iterator, stream: LearnerServedStream) -> None:
+    async def _read(self, context: grpc.aio.ServicerContext, stream: LearnerServedStream) -> None:
         """Consume the actor's messages until it half-closes, sends a bad one, or the stream ends.
 
         A half-close ends the actor's input only: the stream keeps carrying policy
@@ -171,54 +199,53 @@ class LearnerService(pb_grpc.LearnerServicer):
         """
         actor_id = stream.actor_id
         try:
-            for message, payload in request_iterator:
+            async for message, payload in messages(context):
                 kind = message.WhichOneof("kind")
                 if stream.relay:
-                    self._relayed(stream, message, payload)
+                    await self._relayed(stream, message, payload)
                 elif message.actor_id:
                     raise wire.WireError("ActorMessage.actor_id is only for a relay's stream")
                 elif kind in ("batch", "episode_stats"):
-                    self._handle(stream, stream.session, message, payload)
+                    await self._handle(stream, stream.session, message, payload)
                 elif kind == "hello":
                     raise wire.WireError("Hello may only be the first message of a stream", "FAILED_PRECONDITION")
                 elif kind == "leave":
                     raise wire.WireError("Leave is only for a relay's stream")
                 else:
                     raise wire.WireError("empty ActorMessage")
-            with stream.cond:
-                stream.input_ended = True
-                stream.cond.notify_all()
+            stream.input_ended = True
+            stream.wake()
         except InsertAborted as exc:  # not the actor's doing: a draining learner sends Shutdown next
             logger.info("actor %s: a batch was not stored (%s); the actor resends it", actor_id, exc)
         except wire.WireError as exc:
             logger.warning("actor %s sent bad input: %s", actor_id, exc)
             stream.fail(exc.status_code, str(exc))
-        except grpc.RpcError:
-            stream.close()  # the stream ended under us: the actor went away
         except ValueError as exc:  # the buffer's own validation
             logger.warning("actor %s sent bad input: %s", actor_id, exc)
             stream.fail(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except StreamEnded:
+            stream.close()  # the actor went away
         except Exception as exc:  # a bug or a failing device (e.g. CUDA out of memory): this stream only
             logger.exception("actor %s: the learner failed on this stream's message", actor_id)
             stream.fail(grpc.StatusCode.INTERNAL, f"the learner failed on this stream's message: "
                                                    f"{type(exc).__name__}: {exc}")
 
-    def _handle(self, stream: LearnerServedStream, session: ActorSession, message: pb.ActorMessage,
-                payload: memoryview | None) -> None:
+    async def _handle(self, stream: LearnerServedStream, session: ActorSession, message: pb.ActorMessage,
+                      payload: memoryview | None) -> None:
         """Store a batch (its payload kept out of ``message`` when given) and ack it, or account episode
         stats, for ``session`` (a relay's actor's: acked by actor_id)."""
         if message.WhichOneof("kind") == "batch":
-            inserted = self.learner.ingest(session, message.batch, payload)
+            inserted = await self.learner.ingest_async(session, message.batch, payload)
             ack = pb.LearnerMessage(actor_id=message.actor_id, ack=pb.Ack(
                 seq=message.batch.seq, accepted=True, reason="" if inserted else "duplicate"))
             if stream.relay:  # behind the Welcomes and Refusals the relay's actors wait for in its outbox
                 stream.push(ack)
             else:
-                stream.send(ack)
+                await stream.send(ack)
         else:
             self.learner.record_episodes(session, message.episode_stats)
 
-    def _relayed(self, stream: LearnerServedStream, message: pb.ActorMessage, payload: memoryview | None) -> None:
+    async def _relayed(self, stream: LearnerServedStream, message: pb.ActorMessage, payload: memoryview | None) -> None:
         """A message on a relay's stream. One actor's bad input (or a failure on it) refuses that
         actor alone, as its own stream would end; a message for an actor that never joined, the relay's fault,
         ends the relay's stream."""
@@ -226,7 +253,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         if kind in ("hello", "leave"):
             self._relayed_arrival(stream, message)
             return
-        with stream.cond:
+        with stream.lock:
             session = stream.children.get(actor_id)
             refused = actor_id in stream.refused
         if session is None:
@@ -237,7 +264,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         try:
             if kind not in ("batch", "episode_stats"):
                 raise wire.WireError("empty ActorMessage")
-            self._handle(stream, session, message, payload)
+            await self._handle(stream, session, message, payload)
         except (wire.WireError, ValueError) as exc:
             logger.warning("actor %s (through relay %s) sent bad input: %s", actor_id, stream.actor_id, exc)
             code = exc.status_code.name if isinstance(exc, wire.WireError) else "INVALID_ARGUMENT"
@@ -253,7 +280,7 @@ class LearnerService(pb_grpc.LearnerServicer):
     def _refuse(self, stream: LearnerServedStream, actor_id: str, refusal: Refusal) -> None:
         """End a relay's actor as its own stream would end: a Refusal routed to it; what it sent before
         the relay saw it is dropped."""
-        with stream.cond:
+        with stream.lock:
             session = stream.children.pop(actor_id, None)
             stream.refused.add(actor_id)
         if session is not None:
@@ -264,7 +291,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         """On a relay's stream: an actor joins (checked as its own Hello would be: Welcome or
         Refusal, routed by actor_id) or leaves."""
         actor_id = message.actor_id
-        with stream.cond:
+        with stream.lock:
             previous = stream.children.pop(actor_id, None)
             stream.refused.discard(actor_id)
         if previous is not None:
@@ -279,7 +306,7 @@ class LearnerService(pb_grpc.LearnerServicer):
             self._refuse(stream, actor_id, refusal)
             return
         session = self.learner.connect(hello, via=stream.actor_id)
-        with stream.cond:
+        with stream.lock:
             joined = not stream.closed  # else the stream's cleanup is past: it would not disconnect it
             if joined:
                 stream.children[actor_id] = session
@@ -289,58 +316,79 @@ class LearnerService(pb_grpc.LearnerServicer):
         stream.push(pb.LearnerMessage(actor_id=actor_id, welcome=self.learner.welcome(session, stream.sent_version)))
         logger.info("actor %s joined through relay %s (index %d)", actor_id, stream.actor_id, session.record.index)
 
-    def _send(self, stream: LearnerServedStream):
-        """Yield acks as they come, the newest policy version whenever one is published, a new
-        Welcome whenever the learner's settings change, and what the roles' feed has whenever it has some."""
+    async def _send(self, stream: LearnerServedStream) -> None:
+        """Send what waits in the outbox as it comes (a relay's actors' Welcomes, Refusals and acks), the newest
+        policy version whenever one is published, a new Welcome whenever the learner's settings change, and
+        what the roles' feed has whenever it has some."""
         learner = self.learner
         broadcast, stopping, feed = stream.broadcast, learner.stopping, stream.feed
         while True:
-            with stream.cond:
-                while not (stream.outbox or stream.closed or stopping.is_set()
-                           or broadcast.version > stream.sent_version
-                           or learner.settings_version > stream.settings_version
-                           or feed.due()):
-                    stream.cond.wait(0.5)
-                outbox = list(stream.outbox)
-                stream.outbox.clear()
-            yield from outbox
+            while not (stream.outbox or stream.closed or stopping.is_set()
+                       or broadcast.version > stream.sent_version
+                       or learner.settings_version > stream.settings_version
+                       or feed.due()):
+                await stream.woken()
+            for message in stream.take_outbox():
+                await stream.send(message)
             if stream.closed:
                 return
             if stopping.is_set():
-                yield pb.LearnerMessage(shutdown=pb.Shutdown(reason="learner is shutting down"))
-                with stream.cond:
-                    stream.cond.wait_for(lambda: stream.closed or stream.input_ended, SHUTDOWN_GRACE_SECONDS)
+                await stream.send(pb.LearnerMessage(shutdown=pb.Shutdown(reason="learner is shutting down")))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(SHUTDOWN_GRACE_SECONDS):
+                        while not (stream.closed or stream.input_ended):
+                            await stream.woken()
                 return
             if learner.settings_version > stream.settings_version:
                 stream.settings_version = learner.settings_version
-                yield pb.LearnerMessage(welcome=learner.welcome(stream.session, stream.sent_version))
-                with stream.cond:
+                await stream.send(pb.LearnerMessage(welcome=learner.welcome(stream.session, stream.sent_version)))
+                with stream.lock:
                     children = list(stream.children.items())
                 for child_id, child in children:
-                    yield pb.LearnerMessage(actor_id=child_id, welcome=learner.welcome(child, stream.sent_version))
+                    await stream.send(pb.LearnerMessage(actor_id=child_id,
+                                                        welcome=learner.welcome(child, stream.sent_version)))
             version, messages = broadcast.latest()
             if version > stream.sent_version:
                 stream.sent(version)
-                yield from messages
+                for message in messages:
+                    await stream.send(message)
             if feed.due():
-                yield from feed.messages()
+                for message in feed.messages():
+                    await stream.send(message)
 
 
 @contextlib.contextmanager
 def serve(learner: Learner, host: str, port: int, max_streams: int | None = None, health: Health | None = None):
-    """Run the Learner service; yields the bound port (``port`` 0 picks a free one).
+    """Run the Learner service on an event loop of its own; yields the bound port (``port`` 0 picks a free one).
 
     ``max_streams`` (default ``learner.config.max_streams``) caps concurrent Connect streams.
     """
     max_streams = learner.config.max_streams if max_streams is None else max_streams
     if max_streams < 1:
         raise ValueError(f"max_streams must be >= 1, got {max_streams}")
-    server = learner_server(LearnerService(learner, max_streams), max_streams, learner.config.max_message_bytes,
-                            learner.config.security, health, parse_keeping_payload)
-    bound = add_port(server, f"{host}:{port}", learner.config.security)
-    server.start()
+
+    async def start() -> tuple[LearnerService, grpc.aio.Server, int]:
+        service = LearnerService(learner, max_streams)
+        server = learner_server(service, max_streams, learner.config.max_message_bytes, learner.config.security,
+                                health, parse_keeping_payload)
+        try:
+            bound = add_port(server, f"{host}:{port}", learner.config.security)
+        except BaseException:
+            service.close()
+            raise
+        await server.start()
+        return service, server, bound
+
+    loop = LoopThread("learner-grpc")
+    try:
+        service, server, bound = loop.run(start())
+    except BaseException:
+        loop.close()
+        raise
     try:
         yield bound
     finally:
         learner.stopping.set()
-        server.stop(grace=SERVER_STOP_GRACE_SECONDS).wait()
+        loop.run(server.stop(SERVER_STOP_GRACE_SECONDS))
+        service.close()
+        loop.close()

@@ -41,7 +41,10 @@ class RateLimiter:
         self.closed = False
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._async_waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        # asyncio waiters per side, in arrival order: only the first is woken when its side has room, and it wakes the
+        # next as it acquires (thousands of streams may wait; waking them all per sample would cost a hand-off each)
+        self._async_waiters: dict[str, dict[tuple[asyncio.AbstractEventLoop, asyncio.Event], None]] = {
+            "inserts": {}, "samples": {}}
 
     @property
     def diff(self) -> float:
@@ -141,30 +144,43 @@ class RateLimiter:
     async def _acquire_async(self, allowed, counter: str, n: int, timeout: float | None) -> bool:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        while True:
-            event = asyncio.Event()
-            with self._lock:
-                if (done := self._try(allowed, counter, n)) is not None:
-                    return done
-                waiter = (loop, event)
-                self._async_waiters.add(waiter)
-            try:
+        waiter = (loop, asyncio.Event())
+        queue = self._async_waiters[counter]
+        with self._lock:
+            if (done := self._try(allowed, counter, n)) is not None:
+                return done
+            queue[waiter] = None
+            self.waiting[counter] += 1
+        try:
+            while True:
                 remaining = None if deadline is None else deadline - loop.time()
                 if remaining is not None and remaining <= 0:
                     return False
                 try:
-                    await asyncio.wait_for(event.wait(), remaining)
+                    await asyncio.wait_for(waiter[1].wait(), remaining)
                 except TimeoutError:
                     return False
-            finally:
                 with self._lock:
-                    self._async_waiters.discard(waiter)
+                    waiter[1].clear()
+                    del queue[waiter]  # before trying: an acquire wakes the next waiter
+                    if (done := self._try(allowed, counter, n)) is not None:
+                        return done
+                    queue[waiter] = None
+        finally:
+            with self._lock:
+                self.waiting[counter] -= 1
+                if queue.pop(waiter, False) is None:  # left without acquiring: a wake it had goes to the next waiter
+                    self._notify()
 
     def _notify(self) -> None:
-        """Wake every waiter; caller holds the lock."""
+        """Wake every thread waiting, and the first asyncio waiter of each side that may go on now
+        (every one once closed); caller holds the lock."""
         self._changed.notify_all()
-        for loop, event in self._async_waiters:
-            loop.call_soon_threadsafe(event.set)
+        for counter, allowed in (("inserts", self.can_insert), ("samples", self.can_sample)):
+            queue = self._async_waiters[counter]
+            if queue and (self.closed or allowed()):
+                for loop, event in list(queue) if self.closed else [next(iter(queue))]:
+                    loop.call_soon_threadsafe(event.set)
 
 
 def _check_ratio(samples_per_insert: float, error_buffer: float) -> None:

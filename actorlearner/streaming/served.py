@@ -1,7 +1,13 @@
-"""One Connect stream as the server answering it sees it: who opened it, what waits to go out, how it ended."""
+"""One Connect stream as the server answering it sees it: who opened it, what waits to go out, how it ended.
+
+Streams are served on the server's event loop (:class:`~actorlearner.streaming.service.LoopServer`);
+other threads (the learner's publisher, a relay's upstream reader) hand them messages and wake them
+through this class, which is safe to call from any thread.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import deque
 
@@ -10,39 +16,78 @@ import grpc
 from actorlearner.v1 import learner_pb2 as pb
 
 
+class StreamEnded(Exception):
+    """A write found the stream over: the peer went away, and what was being written is lost."""
+
+
 class ServedStream:
-    """Messages waiting for a stream's sender (which waits on ``cond``), the last policy version
-    sent, and the status the stream ends with. The learner and the relay serve their streams on it.
+    """Messages waiting for a stream's sender, the last policy version sent, and the status the stream
+    ends with. The learner and the relay serve their streams on it; make it on the serving loop.
 
     ``actor_id`` is the Hello's; ``relay`` says the stream is a relay's, carrying many actors.
+    ``lock`` guards the outbox and what subclasses keep beside it.
     """
 
     def __init__(self, actor_id: str, relay: bool):
         self.actor_id = actor_id
         self.relay = relay
         self.sent_version = -1
-        self.cond = threading.Condition()
+        self.lock = threading.Lock()
         self.outbox: deque[pb.LearnerMessage] = deque()
         self.closed = False
         self.error: tuple[grpc.StatusCode, str] | None = None
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._woken = asyncio.Event()
 
     def push(self, message: pb.LearnerMessage) -> None:
-        with self.cond:
+        """Queue ``message`` for the sender (from any thread)."""
+        with self.lock:
             self.outbox.append(message)
-            self.cond.notify_all()
+        self.wake()
+
+    def take_outbox(self) -> list[pb.LearnerMessage]:
+        with self.lock:
+            messages = list(self.outbox)
+            self.outbox.clear()
+        return messages
 
     def wake(self) -> None:
-        with self.cond:
-            self.cond.notify_all()
+        """Have the sender look again at what it may send (from any thread)."""
+        if threading.get_ident() == self._loop_thread:
+            self._woken.set()
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._woken.set)
+        except RuntimeError:  # the loop is closed: the stream is over
+            pass
+
+    async def woken(self) -> None:
+        """Return once :meth:`wake` was called since the last return (at once if it was)."""
+        await self._woken.wait()
+        self._woken.clear()
 
     def fail(self, code: grpc.StatusCode, reason: str) -> None:
-        """End the stream with a status (sent by the handler thread)."""
-        with self.cond:
+        """End the stream with a status (sent by its handler)."""
+        with self.lock:
             self.error = self.error or (code, reason)
         self.close()
 
     def close(self) -> None:
         """The stream is over: its sender returns."""
-        with self.cond:
+        with self.lock:
             self.closed = True
-            self.cond.notify_all()
+        self.wake()
+
+
+def wake_all(loop: asyncio.AbstractEventLoop, streams: set[ServedStream]) -> None:
+    """Wake every stream in ``streams`` (a set the loop owns) with one hand-off to ``loop``, from any thread."""
+
+    def wake() -> None:
+        for stream in list(streams):
+            stream.wake()
+
+    try:
+        loop.call_soon_threadsafe(wake)
+    except RuntimeError:  # the loop is closed
+        pass

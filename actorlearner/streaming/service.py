@@ -1,25 +1,37 @@
-"""What a server of the Learner service (the learner, a relay) needs to answer Connect: the gRPC server and
-its registration, parsing that turns bad bytes into a status, the cap on open streams, and the opening Hello."""
+"""What a server of the Learner service (the learner, a relay) needs to answer Connect: the gRPC server on an
+event loop of its own, parsing that turns bad bytes into a status, the cap on open streams, and the opening Hello.
+
+Connect streams are coroutines on one loop (grpc.aio), so the server's threads stay few whatever the number
+of streams; the unary calls (GetStatus, GetSpec, SetParameters, health checks) are plain functions that run on
+a small pool of :data:`UNARY_WORKERS` threads.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
+from collections.abc import AsyncIterator, Awaitable
 from concurrent import futures
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from actorlearner import wire
 from actorlearner.health import Health
-from actorlearner.transport import SecurityConfig, auth_interceptors, grpc_options
+from actorlearner.transport import SecurityConfig, async_auth_interceptors, grpc_options
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 from actorlearner.wire.batches import split_batch_payload
 
 LEARNER_SERVICE = pb.DESCRIPTOR.services_by_name["Learner"].full_name
 CONNECT_METHOD = f"/{LEARNER_SERVICE}/Connect"
+
+UNARY_WORKERS = 8
+"""Threads that answer the unary calls and health checks; Connect streams need none."""
+
+T = TypeVar("T")
 
 
 def parse_actor_message(data: bytes) -> pb.ActorMessage | wire.WireError:
@@ -52,15 +64,15 @@ def serialize_learner_message(message: pb.LearnerMessage | bytes) -> bytes:
     return message if isinstance(message, bytes) else message.SerializeToString()
 
 
-def parsed(requests):
-    """A stream's messages; raises the WireError standing for one that did not parse."""
-    for message in requests:
+async def messages(context: grpc.aio.ServicerContext) -> AsyncIterator:
+    """A stream's messages until the peer half-closes; raises the WireError standing for one that did not parse."""
+    while (message := await context.read()) is not grpc.aio.EOF:
         if isinstance(message, wire.WireError):
             raise message
         yield message
 
 
-def _add_learner_service(service: pb_grpc.LearnerServicer, server: grpc.Server, deserializer) -> None:
+def _add_learner_service(service: pb_grpc.LearnerServicer, server: grpc.aio.Server, deserializer) -> None:
     """``add_LearnerServicer_to_server`` with Connect's deserializer swapped for ``deserializer``."""
     handlers = {
         "Connect": grpc.stream_stream_rpc_method_handler(
@@ -81,59 +93,84 @@ def _add_learner_service(service: pb_grpc.LearnerServicer, server: grpc.Server, 
 
 def learner_server(service: pb_grpc.LearnerServicer, max_streams: int, max_message_bytes: int,
                    security: SecurityConfig | None, health: Health | None,
-                   deserializer=parse_actor_message) -> grpc.Server:
-    """A gRPC server answering ``service`` (and health checks, given ``health``), not bound or started yet;
-    Connect's messages come through ``deserializer`` (:func:`parse_actor_message` or :func:`parse_keeping_payload`)."""
-    workers = max_streams + 8  # each stream holds a worker; the rest answer GetStatus and refusals
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
-                         options=grpc_options(max_message_bytes), maximum_concurrent_rpcs=workers,
-                         interceptors=auth_interceptors(security))
+                   deserializer=parse_actor_message) -> grpc.aio.Server:
+    """A grpc.aio server answering ``service`` (and health checks, given ``health``), not bound or started yet;
+    make it on the loop that will serve it. Connect's messages come through ``deserializer``
+    (:func:`parse_actor_message` or :func:`parse_keeping_payload`)."""
+    server = grpc.aio.server(
+        migration_thread_pool=futures.ThreadPoolExecutor(max_workers=UNARY_WORKERS, thread_name_prefix="grpc-unary"),
+        options=grpc_options(max_message_bytes), maximum_concurrent_rpcs=max_streams + UNARY_WORKERS * 2,
+        interceptors=async_auth_interceptors(security))
     _add_learner_service(service, server, deserializer)
     if health is not None:
         health.add_to(server)
     return server
 
 
+class LoopThread:
+    """An asyncio event loop on a thread of its own, for synchronous code to run coroutines on (:meth:`run`)."""
+
+    def __init__(self, name: str):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coroutine: Awaitable[T]) -> T:
+        """Run ``coroutine`` on the loop and return its result (or raise its exception)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def close(self) -> None:
+        """Stop the loop, cancelling what still runs on it, and end its thread."""
+        async def cancel_the_rest() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        self.run(cancel_the_rest())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
 class StreamCap:
-    """At most ``limit`` open Connect streams: one past it is refused (RESOURCE_EXHAUSTED), not queued."""
+    """At most ``limit`` open Connect streams: one past it is refused (RESOURCE_EXHAUSTED), not queued.
+    Used on the serving loop only."""
 
     def __init__(self, limit: int, server: str):
         self.limit = limit
+        self.open = 0
         self._server = server  # who refuses, in the refusal: "the learner", "the relay"
-        self._slots = threading.BoundedSemaphore(limit)
 
-    @contextlib.contextmanager
-    def slot(self, context: grpc.ServicerContext):
+    @contextlib.asynccontextmanager
+    async def slot(self, context: grpc.aio.ServicerContext):
         """Hold one of the slots while the stream is served."""
-        if not self._slots.acquire(blocking=False):
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"{self._server} is at its cap of {self.limit} concurrent streams (max_streams)")
+        if self.open >= self.limit:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{self._server} is at its cap of {self.limit} concurrent streams (max_streams)")
+        self.open += 1
         try:
             yield
         finally:
-            self._slots.release()
+            self.open -= 1
 
 
-def read_hello(requests, context: grpc.ServicerContext, timeout: float) -> pb.Hello | None:
-    """The Hello that opens a stream (``requests`` from :func:`parsed`); None if the stream ended first.
+async def read_hello(context: grpc.aio.ServicerContext, timeout: float) -> pb.Hello | None:
+    """The Hello that opens a stream; None if the peer half-closed first.
 
-    A stream that sends none within ``timeout`` is cancelled, freeing its slot; one that opens
+    A stream that sends none within ``timeout`` is ended (CANCELLED), freeing its slot; one that opens
     with bad bytes or another message is refused with a status.
     """
-    timer = threading.Timer(timeout, context.cancel)
-    timer.start()
     try:
-        first = next(requests, None)
-    except wire.WireError as exc:
-        context.abort(exc.status_code, str(exc))
-    except grpc.RpcError:
-        first = None  # cancelled: the Hello never came, or the client went away
-    finally:
-        timer.cancel()
-    if first is None:
+        first = await asyncio.wait_for(context.read(), timeout)
+    except TimeoutError:
+        await context.abort(grpc.StatusCode.CANCELLED, f"no Hello within the hello timeout ({timeout:g} s)")
+    if first is grpc.aio.EOF:
         return None
+    if isinstance(first, wire.WireError):
+        await context.abort(first.status_code, str(first))
     if isinstance(first, Received):
         first = first.message
     if first.WhichOneof("kind") != "hello":
-        context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the first message of a stream must be Hello")
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the first message of a stream must be Hello")
     return first.hello

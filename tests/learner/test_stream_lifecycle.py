@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import subprocess
@@ -25,6 +26,15 @@ RAW_ACTOR = str(Path(__file__).parents[1] / "support" / "raw_actor.py")
 
 def reader_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("read-")]
+
+
+def reader_task() -> str:
+    """The name of the learner's reader task running this code ("" outside one)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no loop in this thread
+        return ""
+    return task.get_name() if task else ""
 
 
 def pool_threads() -> int:
@@ -112,7 +122,7 @@ def test_a_failure_inside_ingest_ends_that_stream_alone_with_internal(caplog):
     real_write = learner.replay.buffer.write
 
     def write(reservation):
-        if threading.current_thread().name == "read-doomed":
+        if reader_task() == "read-doomed":
             raise RuntimeError("CUDA out of memory (injected)")
         return real_write(reservation)
 
