@@ -1,14 +1,14 @@
 """Learner ingest (decode, validate, insert into replay) against a bare gRPC stream sink, same run.
 
 K client processes send pre-generated ~1 MB TrajectoryBatches (no env cost) through the
-actor's real streaming client (window, acks). The clients start once and serve every run, both
-sides, one line printed per run (starting K interpreters per run made ``--actors 8`` look hung). Ours: a learner that decodes, validates
-and inserts each batch into the replay buffer before acking it. Baseline: a bare gRPC
-bidirectional stream that receives the same bytes and acks each message, nothing else.
+actor's real streaming client (window, acks). The clients start once and serve every run, every
+side, one line printed per run (starting K interpreters per run made ``--actors 8`` look hung). Ours:
+a learner that decodes, validates and inserts each batch into the replay buffer before acking it.
+Baselines: a bare gRPC bidirectional stream that receives the same bytes and acks each message,
+nothing else, on grpcio's sync server (the target's reference) and on grpc.aio (the learner's kind).
 
     python benchmarks/bench_ingest.py --actors 2 --obs cartpole --json
     python benchmarks/bench_ingest.py --actors 2 --obs atari --json
-    python benchmarks/bench_ingest.py --actors 2 --obs atari --server aio   # Connect on grpc.aio instead
 """
 
 from __future__ import annotations
@@ -194,68 +194,34 @@ class BareSink:
         self.server.stop(1).wait()
 
 
-def serialize(message: pb.LearnerMessage | bytes) -> bytes:
-    """A LearnerMessage's bytes; bytes (a policy version, serialized once) as they are."""
-    return message if isinstance(message, bytes) else message.SerializeToString()
+class AioBareSink:
+    """:class:`BareSink` written on grpc.aio (one event loop of its own), the server kind the learner runs."""
 
-
-class AioLearnerServer:
-    """The learner's Connect stream on grpc.aio, to weigh against the sync server the product runs:
-    Welcome and the current policy, then each batch ingested on the event loop and acked. Only what
-    this benchmark exercises (no Hello checks, auth, status or drain)."""
-
-    def __init__(self, learner: Learner):
-        self.learner = learner
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=asyncio.run, args=(self._serve(),), daemon=True)
+    def __init__(self):
+        self.bytes = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self._started.wait(30)
+        self.port = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result()
 
-    async def _connect(self, request_iterator, context):
-        first = await context.read()
-        stream = self.learner.connect(first.hello)
-        version, messages = self.learner.broadcast.latest()
-        await context.write(pb.LearnerMessage(welcome=self.learner.welcome(stream, version)))
-        for message in messages:
-            await context.write(message)
-        try:
-            while (message := await context.read()) is not grpc.aio.EOF:
-                inserted = self.learner.ingest(stream, message.batch)
-                await context.write(pb.LearnerMessage(ack=pb.Ack(seq=message.batch.seq, accepted=True,
-                                                                 reason="" if inserted else "duplicate")))
-        finally:
-            self.learner.disconnect(stream)
+    async def _start(self) -> int:
+        self.server = grpc.aio.server(options=grpc_options(MESSAGE_LIMIT))
+        handler = grpc.stream_stream_rpc_method_handler(self._stream)
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Sink", {"Stream": handler}),))
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        await self.server.start()
+        return port
 
-    async def _serve(self):
-        server = grpc.aio.server(options=grpc_options(MESSAGE_LIMIT))
-        handler = grpc.stream_stream_rpc_method_handler(self._connect, request_deserializer=pb.ActorMessage.FromString,
-                                                        response_serializer=serialize)
-        name = pb.DESCRIPTOR.services_by_name["Learner"].full_name
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, {"Connect": handler}),))
-        self.port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        self._started.set()
-        await self._stop.wait()
-        await server.stop(1)
+    async def _stream(self, request_iterator, context):
+        while (message := await context.read()) is not grpc.aio.EOF:
+            self.bytes += len(message)
+            await context.write(b"k")
 
     def stop(self):
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-
-@contextlib.contextmanager
-def learner_server(learner: Learner, kind: str):
-    """The learner served by the product's sync server or by :class:`AioLearnerServer`; yields the port."""
-    if kind == "sync":
-        with serve(learner, "127.0.0.1", 0) as port:
-            yield port
-        return
-    server = AioLearnerServer(learner)
-    try:
-        yield server.port
-    finally:
-        server.stop()
+        asyncio.run_coroutine_threadsafe(self.server.stop(1), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
 
 
 def run_ours(clients: Clients, args, n: int, message_bytes: int) -> tuple[float, float]:
@@ -265,7 +231,7 @@ def run_ours(clients: Clients, args, n: int, message_bytes: int) -> tuple[float,
     config = LearnerConfig(env=env_id(args.obs), replay_capacity=capacity, eval_every=0, max_unacked=args.window,
                            min_replay_size=10**12, max_message_bytes=MESSAGE_LIMIT)
     learner = Learner(config)
-    with learner_server(learner, args.server) as port:
+    with serve(learner, "127.0.0.1", 0) as port:
         hello = pb.Hello(protocol_version=wire.PROTOCOL_VERSION, algorithm="dqn", env_spec=learner.env_spec,
                          policy_version=-1)
         batches_per_s, cpu = clients.run("ours", f"127.0.0.1:{port}", hello, lambda: learner.ingestion.inserted_batches,
@@ -273,9 +239,9 @@ def run_ours(clients: Clients, args, n: int, message_bytes: int) -> tuple[float,
     return batches_per_s * message_bytes, cpu
 
 
-def run_baseline(clients: Clients, args, message_bytes: int) -> tuple[float, float]:
-    """Bytes per second into the bare sink, and its CPU seconds per message."""
-    sink = BareSink()
+def run_baseline(clients: Clients, args, message_bytes: int, sink_class) -> tuple[float, float]:
+    """Bytes per second into a bare sink (``sink_class``), and its CPU seconds per message."""
+    sink = sink_class()
     try:
         bytes_per_s, cpu = clients.run("bare", f"127.0.0.1:{sink.port}", None, lambda: sink.bytes, args.warmup,
                                        args.seconds)
@@ -293,38 +259,42 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="runs per side; the median is reported")
     parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per run")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
-    parser.add_argument("--server", choices=("sync", "aio"), default="sync",
-                        help="our side: the product's sync gRPC server, or the same Connect stream on grpc.aio")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args()
 
     payload, n = make_payload(args.obs, int(args.message_mb * 1e6))
     clients = Clients(mp.get_context("spawn"), args.actors, payload, n, args.window)
-    ours, baseline, ours_cpu, base_cpu = [], [], [], []
+    sides = {"ours": lambda: run_ours(clients, args, n, len(payload)),
+             "bare": lambda: run_baseline(clients, args, len(payload), BareSink),
+             "bare_aio": lambda: run_baseline(clients, args, len(payload), AioBareSink)}
+    rates, cpus = {side: [] for side in sides}, {side: [] for side in sides}
     try:
         for run in range(args.runs):
-            rate, cpu = run_ours(clients, args, n, len(payload))
-            ours.append(rate)
-            ours_cpu.append(cpu)
-            rate, cpu = run_baseline(clients, args, len(payload))
-            baseline.append(rate)
-            base_cpu.append(cpu)
-            print(f"run {run + 1}/{args.runs}: ours {ours[-1] / 1e6:.1f} MB/s ({1e3 * ours_cpu[-1]:.2f} ms CPU/message), "
-                  f"bare {baseline[-1] / 1e6:.1f} MB/s ({1e3 * base_cpu[-1]:.2f} ms CPU/message)", flush=True)
+            for side, measure in sides.items():
+                rate, cpu = measure()
+                rates[side].append(rate)
+                cpus[side].append(cpu)
+            print(f"run {run + 1}/{args.runs}: " + ", ".join(
+                f"{side} {rates[side][-1] / 1e6:.1f} MB/s ({1e3 * cpus[side][-1]:.2f} ms CPU/message)" for side in sides),
+                  flush=True)
     finally:
         clients.close()
-    ours_mb, base_mb = statistics.median(ours) / 1e6, statistics.median(baseline) / 1e6
-    ours_ms, base_ms = 1e3 * statistics.median(ours_cpu), 1e3 * statistics.median(base_cpu)
-    result = {"obs": args.obs, "server": args.server, "actors": args.actors, "message_bytes": len(payload),
-              "transitions_per_message": n, "ingest_mb_s": round(ours_mb, 1), "baseline_mb_s": round(base_mb, 1),
-              "ratio": round(ours_mb / base_mb, 3), "ratios": [round(o / b, 3) for o, b in zip(ours, baseline)],
-              "server_cpu_ms_per_message": round(ours_ms, 3), "baseline_cpu_ms_per_message": round(base_ms, 3),
-              "transitions_s": round(ours_mb * 1e6 / len(payload) * n), "runs": args.runs}
-    print("| obs | server | actors | message | ours MB/s | bare gRPC MB/s | ratio | server CPU ms/message: ours, bare "
-          "| transitions/s |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    print(f"| {args.obs} | {args.server} | {args.actors} | {len(payload) / 1e6:.2f} MB | {ours_mb:.1f} | {base_mb:.1f} | "
-          f"{ours_mb / base_mb:.2f}x | {ours_ms:.2f}, {base_ms:.2f} | {result['transitions_s']:,} |")
+    mb = {side: statistics.median(r) / 1e6 for side, r in rates.items()}
+    ms = {side: 1e3 * statistics.median(c) for side, c in cpus.items()}
+    result = {"obs": args.obs, "actors": args.actors, "message_bytes": len(payload),
+              "transitions_per_message": n, "ingest_mb_s": round(mb["ours"], 1), "baseline_mb_s": round(mb["bare"], 1),
+              "baseline_aio_mb_s": round(mb["bare_aio"], 1), "ratio": round(mb["ours"] / mb["bare"], 3),
+              "ratios": [round(o / b, 3) for o, b in zip(rates["ours"], rates["bare"])],
+              "ratio_aio": round(mb["ours"] / mb["bare_aio"], 3),
+              "server_cpu_ms_per_message": round(ms["ours"], 3), "baseline_cpu_ms_per_message": round(ms["bare"], 3),
+              "baseline_aio_cpu_ms_per_message": round(ms["bare_aio"], 3),
+              "transitions_s": round(mb["ours"] * 1e6 / len(payload) * n), "runs": args.runs}
+    print("| obs | actors | message | ours MB/s | bare gRPC MB/s (sync, aio) | ratio (sync, aio) "
+          "| server CPU ms/message: ours, bare sync, bare aio | transitions/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| {args.obs} | {args.actors} | {len(payload) / 1e6:.2f} MB | {mb['ours']:.1f} | {mb['bare']:.1f}, "
+          f"{mb['bare_aio']:.1f} | {result['ratio']:.2f}x, {result['ratio_aio']:.2f}x | {ms['ours']:.2f}, "
+          f"{ms['bare']:.2f}, {ms['bare_aio']:.2f} | {result['transitions_s']:,} |")
     if args.json:
         print(json.dumps(result))
 

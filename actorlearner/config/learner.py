@@ -64,8 +64,8 @@ class LearnerConfig:
     """Actors expected; the algorithm spreads its exploration over this many actor indices."""
     max_message_bytes: int = 16 * 1024 * 1024
     """Largest gRPC message accepted or sent."""
-    max_streams: int = 64
-    """Concurrent actor streams (Connect calls); more are refused with RESOURCE_EXHAUSTED."""
+    max_streams: int = 1024
+    """Concurrent actor streams (Connect calls; coroutines on one event loop, not threads); more are refused with RESOURCE_EXHAUSTED."""
     hello_timeout: float = 10.0
     """Seconds a new stream may take to send its Hello before it is cancelled and its slot freed."""
     actor_ttl: float = 3600.0

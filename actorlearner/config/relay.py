@@ -19,8 +19,8 @@ class RelayConfig:
     """gRPC port; 0 picks a free one and prints it."""
     relay_id: str = ""
     """Id of the relay's stream in the learner's status; default HOSTNAME-relay-PID."""
-    max_streams: int = 256
-    """Concurrent actor (or relay) streams; more are refused with RESOURCE_EXHAUSTED."""
+    max_streams: int = 1024
+    """Concurrent actor (or relay) streams (coroutines on one event loop, not threads); more are refused with RESOURCE_EXHAUSTED."""
     max_message_bytes: int = 64 * 1024 * 1024
     """Largest gRPC message accepted or sent."""
     chunk_bytes: int = 4 * 1024 * 1024
