@@ -20,7 +20,7 @@ from actorlearner.learner.spec import Refusal
 from actorlearner.streaming.broadcast import ONNX_FORMAT, PolicyBroadcast
 from actorlearner.streaming.served import ServedStream, StreamEnded, wake_all
 from actorlearner.streaming.service import (LoopThread, StreamCap, learner_server, messages, parse_keeping_payload,
-                                            read_hello, serialize_learner_message)
+                                            read_hello)
 from actorlearner.transport import add_port
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
@@ -48,7 +48,7 @@ class LearnerServedStream(ServedStream):
 
     def __init__(self, session: ActorSession, broadcast: PolicyBroadcast, context: grpc.aio.ServicerContext,
                  feed: StreamFeed):
-        super().__init__(session.record.actor_id, session.record.relay)
+        super().__init__(session.record.actor_id, session.record.relay, context)
         self.session = session
         self.broadcast = broadcast
         self.settings_version = -1  # the learner's settings_version of the last Welcome sent
@@ -56,19 +56,6 @@ class LearnerServedStream(ServedStream):
         self.refused: set[str] = set()  # a relay's actors refused since they last joined; under lock
         self.feed = feed
         self.input_ended = False  # the actor half-closed: it sends nothing more
-        self._context = context
-        self._writing = asyncio.Lock()  # one write at a time: the sender's, or the reader's acks
-
-    async def send(self, message: pb.LearnerMessage | bytes) -> None:
-        """Write ``message`` on the stream; returns once gRPC has taken it (flow control holds it while the
-        actor does not read). :class:`StreamEnded` if the actor went away first."""
-        data = serialize_learner_message(message)
-        async with self._writing:
-            try:
-                await self._context.write(data)
-            except Exception as exc:  # gRPC fails a write only once the call is over
-                raise StreamEnded(f"actor {self.actor_id}'s stream ended") from exc
-
     def sent(self, version: int) -> None:
         """``version`` goes out next; a relay's status shows it as the version the relay holds."""
         self.sent_version = version

@@ -44,8 +44,8 @@ class RelayServedStream(ServedStream):
     """One stream into the relay: an actor's, or a downstream relay's (the actors it carries are routed to it).
     Make it on the serving loop."""
 
-    def __init__(self, hello: pb.Hello):
-        super().__init__(hello.actor_id, hello.relay)
+    def __init__(self, hello: pb.Hello, context: grpc.aio.ServicerContext):
+        super().__init__(hello.actor_id, hello.relay, context)
         self.hello = hello
         self.welcomed = False  # a Welcome went out: policy versions follow it
         self.in_flight = 0  # batches forwarded upstream and not acked yet; under lock

@@ -18,7 +18,7 @@ from actorlearner.config import RelayConfig
 from actorlearner.health import Health
 from actorlearner.relay.relay import Relay, RelayServedStream
 from actorlearner.streaming.broadcast import ONNX_FORMAT
-from actorlearner.streaming.served import wake_all
+from actorlearner.streaming.served import StreamEnded, wake_all
 from actorlearner.streaming.service import LoopThread, StreamCap, learner_server, messages, read_hello
 from actorlearner.transport import add_port, grpc_options, open_channel
 from actorlearner.v1 import learner_pb2 as pb
@@ -66,7 +66,7 @@ class RelayService(pb_grpc.LearnerServicer):
             self.relay.check_size(pb.ActorMessage(actor_id=hello.actor_id, hello=hello))
         except wire.WireError as exc:
             await context.abort(exc.status_code, str(exc))
-        stream = RelayServedStream(hello)
+        stream = RelayServedStream(hello, context)
         if not self.relay.join(stream):
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"relay {self.relay.relay_id} is not connected upstream yet")
@@ -75,7 +75,9 @@ class RelayService(pb_grpc.LearnerServicer):
         reader = asyncio.get_running_loop().create_task(self._read(context, stream),
                                                         name=f"relay-read-{stream.actor_id}")
         try:
-            await self._send(context, stream)
+            await self._send(stream)
+        except StreamEnded:
+            return  # the actor went away: nobody reads a status
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
@@ -97,7 +99,7 @@ class RelayService(pb_grpc.LearnerServicer):
         except grpc.RpcError:
             stream.close()
 
-    async def _send(self, context: grpc.aio.ServicerContext, stream: RelayServedStream) -> None:
+    async def _send(self, stream: RelayServedStream) -> None:
         """Write what is routed to the stream and, once it is welcomed, the relay's newest policy
         version. A Welcome for the stream itself names the version that follows it (the first one)
         or was sent last (later ones, settings changes). The only writer of the stream."""
@@ -108,17 +110,17 @@ class RelayService(pb_grpc.LearnerServicer):
                 await stream.woken()
             for message in stream.take_outbox():
                 if message.WhichOneof("kind") != "welcome" or message.actor_id:
-                    await context.write(message)
+                    await stream.send(message)
                 elif stream.welcomed:
                     message.welcome.policy_version = stream.sent_version
-                    await context.write(message)
+                    await stream.send(message)
                 else:
                     version, policy = broadcast.latest()
                     message.welcome.policy_version = version
-                    await context.write(message)
+                    await stream.send(message)
                     if stream.hello.policy_version != version:
                         for chunk in policy:
-                            await context.write(chunk)
+                            await stream.send(chunk)
                     stream.sent_version, stream.welcomed = version, True
             if stream.closed:
                 return
@@ -126,7 +128,7 @@ class RelayService(pb_grpc.LearnerServicer):
             if stream.welcomed and version > stream.sent_version:
                 stream.sent_version = version
                 for chunk in policy:
-                    await context.write(chunk)
+                    await stream.send(chunk)
 
     def GetStatus(self, request, context):
         return self.relay.status()

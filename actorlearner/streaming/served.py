@@ -13,6 +13,7 @@ from collections import deque
 
 import grpc
 
+from actorlearner.streaming.service import serialize_learner_message
 from actorlearner.v1 import learner_pb2 as pb
 
 
@@ -25,12 +26,14 @@ class ServedStream:
     ends with. The learner and the relay serve their streams on it; make it on the serving loop.
 
     ``actor_id`` is the Hello's; ``relay`` says the stream is a relay's, carrying many actors.
-    ``lock`` guards the outbox and what subclasses keep beside it.
+    ``lock`` guards the outbox and what subclasses keep beside it; ``context`` is the call's, written by :meth:`send`.
     """
 
-    def __init__(self, actor_id: str, relay: bool):
+    def __init__(self, actor_id: str, relay: bool, context: grpc.aio.ServicerContext):
         self.actor_id = actor_id
         self.relay = relay
+        self._context = context
+        self._writing = asyncio.Lock()  # one write at a time
         self.sent_version = -1
         self.lock = threading.Lock()
         self.outbox: deque[pb.LearnerMessage] = deque()
@@ -39,6 +42,16 @@ class ServedStream:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._woken = asyncio.Event()
+
+    async def send(self, message: pb.LearnerMessage | bytes) -> None:
+        """Write ``message`` on the stream (on the loop); returns once gRPC has taken it (flow control holds it
+        while the peer does not read). :class:`StreamEnded` if the peer went away first."""
+        data = serialize_learner_message(message)
+        async with self._writing:
+            try:
+                await self._context.write(data)
+            except Exception as exc:  # gRPC fails a write only once the call is over
+                raise StreamEnded(f"{self.actor_id}'s stream ended") from exc
 
     def push(self, message: pb.LearnerMessage) -> None:
         """Queue ``message`` for the sender (from any thread)."""
