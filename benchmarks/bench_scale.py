@@ -1,13 +1,13 @@
-"""Learner ingest as concurrent actor streams multiply: aggregate transitions/s at 1..256 streams.
+"""Learner ingest as concurrent actor streams multiply: aggregate transitions/s at 1..1,024 streams.
 
-Lightweight clients: each stream is a thread (a few client processes hold them all) that
-sends the same pre-encoded CartPole batch with rising seqs, at most ``--window`` unacked,
-exactly as the actor's link does. The learner runs in this process (real gRPC server,
+Lightweight clients: each stream is a thread (a few client processes hold them all) that, once
+every stream is welcomed, sends the same pre-encoded CartPole batch with rising seqs, at most
+``--window`` unacked, exactly as the actor's link does. The learner runs in this process (real gRPC server,
 decode, validate, insert; no training). Each count's rate is also given as a ratio to the
 rate with 1 stream and with 8 streams (above 1: more throughput). Writes a PNG of
 throughput against streams.
 
-    python benchmarks/bench_scale.py --streams 1,8,64,256 --json --plot benchmarks/scale.png
+    python benchmarks/bench_scale.py --streams 1,8,64,256,1024 --json --plot benchmarks/scale.png
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ def cartpole_payload(transitions: int) -> bytes:
 
 
 def client_process(address: str, hello_bytes: bytes, first_id: int, streams: int, payload: bytes, n: int,
-                   window: int, stop, ready) -> None:
-    """``streams`` streams as threads, each sending batches with a bounded unacked window."""
+                   window: int, stop, ready, go) -> None:
+    """``streams`` streams as threads, each sending batches with a bounded unacked window once ``go`` is set (every
+    client's streams welcomed: streams opening while others already send would measure connection storms)."""
     priorities = [1.0] * n  # the learner's Welcome asks dqn actors for them
     def one_stream(actor_id: str, connected: threading.Event) -> None:
         hello = pb.Hello.FromString(hello_bytes)
@@ -56,6 +57,8 @@ def client_process(address: str, hello_bytes: bytes, first_id: int, streams: int
 
             def requests():
                 yield hello_message
+                while not (go.wait(0.2) or stop.is_set()):
+                    pass
                 seq = 0
                 while not stop.is_set():
                     if credits.acquire(timeout=0.2):
@@ -86,7 +89,7 @@ def client_process(address: str, hello_bytes: bytes, first_id: int, streams: int
         thread.join(5)
 
 
-def measure(counter, clients: list[mp.Process], stop, readies, warmup: float, seconds: float) -> float:
+def measure(counter, clients: list[mp.Process], stop, readies, go, warmup: float, seconds: float) -> float:
     """Count per second of ``counter()`` over ``seconds`` after ``warmup``, clients running."""
     for proc in clients:
         proc.start()
@@ -94,6 +97,7 @@ def measure(counter, clients: list[mp.Process], stop, readies, warmup: float, se
         for ready in readies:
             if not ready.wait(120):
                 raise RuntimeError("a client never got ready")
+        go.set()
         time.sleep(warmup)
         start_count, start = counter(), time.monotonic()
         time.sleep(seconds)
@@ -116,14 +120,15 @@ def aggregate_rate(streams: int, args, payload: bytes, n: int) -> float:
                          policy_version=-1).SerializeToString()
         processes = min(args.client_processes, streams)
         shares = [streams // processes + (i < streams % processes) for i in range(processes)]
-        stop, readies, procs, first = ctx.Event(), [], [], 0
+        stop, go, readies, procs, first = ctx.Event(), ctx.Event(), [], [], 0
         for share in shares:
             ready = ctx.Event()
             readies.append(ready)
             procs.append(ctx.Process(target=client_process, daemon=True,
-                                     args=(f"127.0.0.1:{port}", hello, first, share, payload, n, args.window, stop, ready)))
+                                     args=(f"127.0.0.1:{port}", hello, first, share, payload, n, args.window, stop, ready, go)))
             first += share
-        batches_per_s = measure(lambda: learner.ingestion.inserted_batches, procs, stop, readies, args.warmup, args.seconds)
+        batches_per_s = measure(lambda: learner.ingestion.inserted_batches, procs, stop, readies, go, args.warmup,
+                                args.seconds)
     return batches_per_s * n
 
 
