@@ -19,9 +19,7 @@ from actorlearner.learner.roles import StreamFeed
 from actorlearner.learner.spec import Refusal
 from actorlearner.streaming.broadcast import ONNX_FORMAT, PolicyBroadcast
 from actorlearner.streaming.served import ServedStream, StreamEnded, wake_all
-from actorlearner.streaming.service import (LoopThread, StreamCap, learner_server, messages, parse_keeping_payload,
-                                            read_hello)
-from actorlearner.transport import add_port
+from actorlearner.streaming.service import StreamCap, messages, parse_keeping_payload, read_hello, serving
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
@@ -354,28 +352,7 @@ def serve(learner: Learner, host: str, port: int, max_streams: int | None = None
     if max_streams < 1:
         raise ValueError(f"max_streams must be >= 1, got {max_streams}")
 
-    async def start() -> tuple[LearnerService, grpc.aio.Server, int]:
-        service = LearnerService(learner, max_streams)
-        server = learner_server(service, max_streams, learner.config.max_message_bytes, learner.config.security,
-                                health, parse_keeping_payload)
-        try:
-            bound = add_port(server, f"{host}:{port}", learner.config.security)
-        except BaseException:
-            service.close()
-            raise
-        await server.start()
-        return service, server, bound
-
-    loop = LoopThread("learner-grpc")
-    try:
-        service, server, bound = loop.run(start())
-    except BaseException:
-        loop.close()
-        raise
-    try:
+    with serving("learner-grpc", lambda: LearnerService(learner, max_streams), f"{host}:{port}", max_streams,
+                 learner.config.max_message_bytes, learner.config.security, health, SERVER_STOP_GRACE_SECONDS,
+                 learner.stopping.set, parse_keeping_payload) as bound:
         yield bound
-    finally:
-        learner.stopping.set()
-        loop.run(server.stop(SERVER_STOP_GRACE_SECONDS))
-        service.close()
-        loop.close()

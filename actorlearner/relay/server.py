@@ -19,8 +19,8 @@ from actorlearner.health import Health
 from actorlearner.relay.relay import Relay, RelayServedStream
 from actorlearner.streaming.broadcast import ONNX_FORMAT
 from actorlearner.streaming.served import StreamEnded, wake_all
-from actorlearner.streaming.service import LoopThread, StreamCap, learner_server, messages, read_hello
-from actorlearner.transport import add_port, grpc_options, open_channel
+from actorlearner.streaming.service import StreamCap, messages, read_hello, serving
+from actorlearner.transport import grpc_options, open_channel
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
@@ -154,29 +154,10 @@ def serve(config: RelayConfig, health: Health | None = None):
     """Run a relay: its upstream stream, and its Learner service on an event loop of its own; yields the
     relay and the bound port."""
     relay = Relay(config).start()
-
-    async def start() -> tuple[RelayService, grpc.aio.Server, int]:
-        service = RelayService(relay)
-        server = learner_server(service, config.max_streams, config.max_message_bytes, config.security, health)
-        try:
-            bound = add_port(server, f"{config.host}:{config.port}", config.security)
-        except BaseException:
-            service.close()
-            raise
-        await server.start()
-        return service, server, bound
-
-    loop = LoopThread("relay-grpc")
     try:
-        service, server, bound = loop.run(start())
-    except BaseException:
-        relay.close()
-        loop.close()
-        raise
-    try:
-        yield relay, bound
+        with serving("relay-grpc", lambda: RelayService(relay), f"{config.host}:{config.port}", config.max_streams,
+                     config.max_message_bytes, config.security, health, SERVER_STOP_GRACE_SECONDS,
+                     relay.close) as bound:
+            yield relay, bound
     finally:
-        relay.close()
-        loop.run(server.stop(SERVER_STOP_GRACE_SECONDS))
-        service.close()
-        loop.close()
+        relay.close()  # also when the server never started

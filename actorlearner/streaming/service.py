@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent import futures
 from typing import NamedTuple, TypeVar
 
@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 
 from actorlearner import wire
 from actorlearner.health import Health
-from actorlearner.transport import SecurityConfig, async_auth_interceptors, grpc_options
+from actorlearner.transport import SecurityConfig, add_port, async_auth_interceptors, grpc_options
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 from actorlearner.wire.batches import split_batch_payload
@@ -131,6 +131,39 @@ class LoopThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self.loop.close()
+
+
+@contextlib.contextmanager
+def serving(thread_name: str, make_service: Callable[[], pb_grpc.LearnerServicer], address: str, max_streams: int,
+            max_message_bytes: int, security: SecurityConfig | None, health: Health | None, grace: float,
+            stopping: Callable[[], None], deserializer=parse_actor_message):
+    """Serve the Learner service ``make_service()`` makes (on the loop) at ``address``, on a :class:`LoopThread`
+    of its own; yields the bound port. On exit ``stopping()`` runs, the server stops within ``grace`` seconds,
+    then the service closes."""
+    async def start() -> tuple[pb_grpc.LearnerServicer, grpc.aio.Server, int]:
+        service = make_service()
+        server = learner_server(service, max_streams, max_message_bytes, security, health, deserializer)
+        try:
+            bound = add_port(server, address, security)
+        except BaseException:
+            service.close()
+            raise
+        await server.start()
+        return service, server, bound
+
+    loop = LoopThread(thread_name)
+    try:
+        service, server, bound = loop.run(start())
+    except BaseException:
+        loop.close()
+        raise
+    try:
+        yield bound
+    finally:
+        stopping()
+        loop.run(server.stop(grace))
+        service.close()
+        loop.close()
 
 
 class StreamCap:
