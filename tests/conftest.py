@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import actorlearner  # noqa: F401  before any test module imports grpc: it sets gRPC's environment (fork handlers off)
+
 sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 # Without a GPU, triton's kernels run in its interpreter, on CPU tensors: the replay's Triton path is tested
