@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 
 import grpc
@@ -18,7 +17,7 @@ from actorlearner.learner.replay_service import InsertAborted
 from actorlearner.learner.roles import StreamFeed
 from actorlearner.learner.spec import Refusal
 from actorlearner.streaming.broadcast import ONNX_FORMAT, PolicyBroadcast
-from actorlearner.streaming.served import ServedStream, StreamEnded, wake_all
+from actorlearner.streaming.served import Followers, ServedStream, StreamEnded
 from actorlearner.streaming.service import StreamCap, messages, parse_keeping_payload, read_hello, serving
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
@@ -77,29 +76,22 @@ class LearnerService(pb_grpc.LearnerServicer):
     def __init__(self, learner: Learner, max_streams: int = 64):
         self.learner = learner
         self._cap = StreamCap(max_streams, "the learner")
-        loop = asyncio.get_running_loop()
-        self._followers: dict[PolicyBroadcast, set[LearnerServedStream]] = {}  # the open streams, by broadcast
-        self._wakes = []
-        for broadcast in (learner.broadcast, learner.onnx_feed.broadcast if learner.onnx_feed else None):
-            if broadcast is not None:  # one hand-off to the loop per publish wakes all its streams
-                streams = self._followers[broadcast] = set()
-                self._wakes.append((broadcast, functools.partial(wake_all, loop, streams)))
-                broadcast.listen(self._wakes[-1][1])
-        self._watcher = loop.create_task(self._wake_all_when_stopping())
+        broadcasts = [learner.broadcast] + ([learner.onnx_feed.broadcast] if learner.onnx_feed else [])
+        self._followers = {broadcast: Followers(broadcast) for broadcast in broadcasts}  # the open streams
+        self._watcher = asyncio.get_running_loop().create_task(self._wake_all_when_stopping())
 
     def close(self) -> None:
         """Stop following the learner's broadcasts (the server is stopping)."""
-        for broadcast, wake in self._wakes:
-            broadcast.unlisten(wake)
+        for followers in self._followers.values():
+            followers.close()
         self._watcher.cancel()
 
     async def _wake_all_when_stopping(self) -> None:
         """Once the learner stops, every stream's sender sends Shutdown."""
         while not self.learner.stopping.is_set():
             await asyncio.sleep(STOPPING_POLL_SECONDS)
-        for streams in self._followers.values():
-            for stream in list(streams):
-                stream.wake()
+        for followers in self._followers.values():
+            followers.wake_all()
 
     async def Connect(self, request_iterator, context):
         """One actor's (or relay's) stream; past ``max_streams`` open streams a new one is refused, not queued.
@@ -121,7 +113,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         stream = LearnerServedStream(self.learner.connect(hello),
                                       self.learner.onnx_feed.broadcast if onnx else self.learner.broadcast, context,
                                       self.learner.feed())
-        followers = self._followers[stream.broadcast]
+        followers = self._followers[stream.broadcast].streams
         followers.add(stream)
         reader = None
         try:

@@ -28,7 +28,7 @@ from actorlearner.config import RelayConfig
 from actorlearner.metrics import Metric
 from actorlearner.streaming.broadcast import PolicyBroadcast
 from actorlearner.streaming.reconnect import Reconnecting, Refused
-from actorlearner.streaming.served import ServedStream
+from actorlearner.streaming.served import ServedStream, call_on_loop
 from actorlearner.telemetry import RateMeter
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
@@ -70,13 +70,10 @@ class RelayServedStream(ServedStream):
             self.outbox.append(ack)
             self.in_flight = max(0, self.in_flight - 1)
             room, self._awaiting_room = self._awaiting_room, False
-        if not room:
+        if room:
+            call_on_loop(self._loop, self._make_room)
+        else:
             self.wake()
-            return
-        try:
-            self._loop.call_soon_threadsafe(self._make_room)
-        except RuntimeError:  # the loop is closed: the stream is over
-            pass
 
     def _make_room(self) -> None:
         self._room.set()

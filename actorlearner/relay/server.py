@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 
 import grpc
@@ -18,7 +17,7 @@ from actorlearner.config import RelayConfig
 from actorlearner.health import Health
 from actorlearner.relay.relay import Relay, RelayServedStream
 from actorlearner.streaming.broadcast import ONNX_FORMAT
-from actorlearner.streaming.served import StreamEnded, wake_all
+from actorlearner.streaming.served import Followers, StreamEnded
 from actorlearner.streaming.service import StreamCap, messages, read_hello, serving
 from actorlearner.transport import grpc_options, open_channel
 from actorlearner.v1 import learner_pb2 as pb
@@ -37,13 +36,11 @@ class RelayService(pb_grpc.LearnerServicer):
     def __init__(self, relay: Relay):
         self.relay = relay
         self._cap = StreamCap(relay.config.max_streams, "the relay")
-        self._streams: set[RelayServedStream] = set()  # the joined streams; the loop's
-        self._wake = functools.partial(wake_all, asyncio.get_running_loop(), self._streams)
-        relay.broadcast.listen(self._wake)  # one hand-off to the loop per version wakes every stream
+        self._followers = Followers(relay.broadcast)  # the joined streams
 
     def close(self) -> None:
         """Stop following the relay's broadcast (the server is stopping)."""
-        self.relay.broadcast.unlisten(self._wake)
+        self._followers.close()
 
     async def Connect(self, request_iterator, context):
         """One actor's (or downstream relay's) stream; past ``max_streams`` open streams a new one is refused.
@@ -70,7 +67,7 @@ class RelayService(pb_grpc.LearnerServicer):
         if not self.relay.join(stream):
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"relay {self.relay.relay_id} is not connected upstream yet")
-        self._streams.add(stream)
+        self._followers.streams.add(stream)
         logger.info("%s %s connected", "relay" if stream.relay else "actor", stream.actor_id)
         reader = asyncio.get_running_loop().create_task(self._read(context, stream),
                                                         name=f"relay-read-{stream.actor_id}")
@@ -81,7 +78,7 @@ class RelayService(pb_grpc.LearnerServicer):
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
-            self._streams.discard(stream)
+            self._followers.streams.discard(stream)
             stream.close()
             self.relay.leave(stream)
             logger.info("%s %s disconnected", "relay" if stream.relay else "actor", stream.actor_id)

@@ -1,6 +1,6 @@
 """One Connect stream as the server answering it sees it: who opened it, what waits to go out, how it ended.
 
-Streams are served on the server's event loop (:class:`~actorlearner.streaming.service.LoopServer`);
+Streams are served on the server's event loop (:func:`~actorlearner.streaming.service.serving`);
 other threads (the learner's publisher, a relay's upstream reader) hand them messages and wake them
 through this class, which is safe to call from any thread.
 """
@@ -13,6 +13,7 @@ from collections import deque
 
 import grpc
 
+from actorlearner.streaming.broadcast import PolicyBroadcast
 from actorlearner.streaming.service import serialize_learner_message
 from actorlearner.v1 import learner_pb2 as pb
 
@@ -69,11 +70,8 @@ class ServedStream:
         """Have the sender look again at what it may send (from any thread)."""
         if threading.get_ident() == self._loop_thread:
             self._woken.set()
-            return
-        try:
-            self._loop.call_soon_threadsafe(self._woken.set)
-        except RuntimeError:  # the loop is closed: the stream is over
-            pass
+        else:
+            call_on_loop(self._loop, self._woken.set)
 
     async def woken(self) -> None:
         """Return once :meth:`wake` was called since the last return (at once if it was)."""
@@ -93,14 +91,31 @@ class ServedStream:
         self.wake()
 
 
-def wake_all(loop: asyncio.AbstractEventLoop, streams: set[ServedStream]) -> None:
-    """Wake every stream in ``streams`` (a set the loop owns) with one hand-off to ``loop``, from any thread."""
+def call_on_loop(loop: asyncio.AbstractEventLoop, callback) -> None:
+    """Have ``loop`` call ``callback`` soon, from any thread; nothing once the loop is closed (its streams are over)."""
+    try:
+        loop.call_soon_threadsafe(callback)
+    except RuntimeError:
+        pass
 
-    def wake() -> None:
-        for stream in list(streams):
+
+class Followers:
+    """The open streams that follow a policy broadcast, woken with one hand-off to their loop per publish (not one
+    per stream). Make it on the serving loop; :meth:`close` stops following."""
+
+    def __init__(self, broadcast: PolicyBroadcast):
+        self.broadcast = broadcast
+        self.streams: set[ServedStream] = set()
+        self._loop = asyncio.get_running_loop()
+        broadcast.listen(self._publish)
+
+    def _publish(self) -> None:
+        call_on_loop(self._loop, self.wake_all)
+
+    def wake_all(self) -> None:
+        """Wake every stream (on the loop)."""
+        for stream in list(self.streams):
             stream.wake()
 
-    try:
-        loop.call_soon_threadsafe(wake)
-    except RuntimeError:  # the loop is closed
-        pass
+    def close(self) -> None:
+        self.broadcast.unlisten(self._publish)
