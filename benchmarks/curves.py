@@ -68,10 +68,11 @@ def parse_progress(line: str) -> dict | None:
 
 
 def run_seed(env: str, seed: int, steps: int, max_seconds: float, extra: list[str], log_path: Path,
-             echo: bool, grace: float = 120.0) -> dict:
-    """One ``actorlearner run`` up to ``steps`` env steps: its progress points, final result and wall time."""
+             echo: bool, grace: float = 120.0, target_return: float = 1e9) -> dict:
+    """One ``actorlearner run`` up to ``steps`` env steps or ``target_return`` (by default out of reach):
+    its progress points, final result and wall time."""
     command = [sys.executable, "-m", "actorlearner", "run", "--port", "0", "--env", env, "--seed", str(seed),
-               "--max-seconds", str(max_seconds), "--target-return", "1e9", *extra]
+               "--max-seconds", str(max_seconds), "--target-return", str(target_return), *extra]
     path = os.pathsep.join(p for p in (str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     points: list[dict] = []
     stdout: list[str] = []

@@ -310,6 +310,10 @@ def clip_gradients(params: Iterable[Tensor], max_norm: Tensor) -> Tensor:
     """Scale gradients to a global norm of at most ``max_norm`` (a tensor); return the norm before.
     What ``clip_grad_norm_`` does, with the bound read on the device."""
     grads = [p.grad for p in params if p.grad is not None]
+    if len(grads) == 1:  # one flat tensor (see dqn_mlp): one norm, one multiply
+        norm = torch.linalg.vector_norm(grads[0])
+        grads[0].mul_((max_norm / (norm + 1e-6)).clamp(max=1.0))
+        return norm
     norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
     torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0))
     return norm

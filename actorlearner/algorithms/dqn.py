@@ -31,7 +31,9 @@ from actorlearner.algorithms.base import (
     TransitionFields,
     check_common_config,
     clip_gradients,
+    make_adam,
 )
+from actorlearner.algorithms.dqn_mlp import MLPUpdate, mlp_layers
 from actorlearner.algorithms.nstep import NStepAssembler, nstep_fields
 from actorlearner.config import RUNTIME
 from actorlearner.networks import (
@@ -168,28 +170,54 @@ class DQNPolicy(ApeXPolicy):
 class DQNTrainer(ApeXTrainer):
     """Double DQN steps on the IS-weighted Huber loss, the target synced every `target_update_period`."""
 
+    def __init__(self, spec: ApeXSpec, *, device: str | torch.device = "cpu", seed: int = 0):
+        super().__init__(spec, device=device, seed=seed)
+        # a plain MLP network (vector observations, one Discrete branch) steps with its gradients written out,
+        # Adam on its parameters as one flat tensor
+        self._mlp = MLPUpdate(self.online, self.target, self.config.huber_delta) if mlp_layers(self.online) else None
+        self._params = [self._mlp.flat] if self._mlp else list(self.online.parameters())
+        if self._mlp:
+            self.optimizer = make_adam(self._params, self.config.lr, self.device)
+
     def learn(self, sample: SampleLike) -> tuple[Tensor, dict[str, Tensor]]:
         """One Adam step on the IS-weighted Huber loss (mean over branches); returns (|TD| + eps [B], metrics)."""
         obs, a_tm1, r_t, discount_t, next_obs = self.spec.unpack(sample.data, self.device)
         weights = torch.as_tensor(sample.weights, device=self.device, dtype=torch.float32)
+        if self._mlp is not None:
+            (leaf,) = obs
+            loss, td_abs, q_taken = self._mlp(obs[leaf], a_tm1, r_t, discount_t, next_obs[leaf], weights)
+        else:
+            loss, td_abs, q_taken = self._autograd_loss(obs, a_tm1, r_t, discount_t, next_obs, weights)
+        grad_norm = clip_gradients(self._params, self.knobs.max_grad_norm)
+        self.optimizer.step()
+        values = (loss.detach(), td_abs.mean(), q_taken.mean(), grad_norm.detach())
+        metrics = dict(zip(("losses/td_loss", "losses/td_abs", "losses/q_values", "losses/grad_norm"), values))
+        return td_abs + self.knobs.priority_eps, metrics
 
+    def load_state_dict(self, state: Mapping[str, Tensor | int | float]) -> None:
+        """As `ApeXTrainer.load_state_dict`; Adam slots saved per layer (before the flat parameter) are joined."""
+        if self._mlp and "optimizer.1.step" in state:
+            state = dict(state)
+            layers = range(len(list(self.online.parameters())))
+            for slot in ("exp_avg", "exp_avg_sq"):
+                state[f"optimizer.0.{slot}"] = torch.cat([torch.as_tensor(state.pop(f"optimizer.{i}.{slot}")).reshape(-1)
+                                                          for i in layers])
+            for i in layers[1:]:
+                del state[f"optimizer.{i}.step"]
+        super().load_state_dict(state)
+
+    def _autograd_loss(self, obs, a_tm1, r_t, discount_t, next_obs, weights) -> tuple[Tensor, Tensor, Tensor]:
+        """The loss's gradients by autograd, for any Q network; returns (loss, |TD| [B], Q of the actions taken [B])."""
         q_tm1 = self.online(obs)
         with torch.no_grad():
             q_t_online = self.online(next_obs)
             q_t_target = self.target(next_obs)
         td = double_q_learning(q_tm1, a_tm1, r_t, discount_t, q_t_online, q_t_target)  # [B, D]
         loss = (weights * huber(td, self.config.huber_delta).mean(dim=-1)).mean()
-
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = clip_gradients(self.online.parameters(), self.knobs.max_grad_norm)
-        self.optimizer.step()
-
-        td_abs = td.detach().abs().mean(dim=-1)
-        q_taken = q_tm1.detach().gather(-1, a_tm1.unsqueeze(-1)).squeeze(-1)
-        values = (loss.detach(), td_abs.mean(), q_taken.mean(), grad_norm.detach())
-        metrics = dict(zip(("losses/td_loss", "losses/td_abs", "losses/q_values", "losses/grad_norm"), values))
-        return td_abs + self.knobs.priority_eps, metrics
+        q_taken = q_tm1.detach().gather(-1, a_tm1.unsqueeze(-1)).squeeze(-1).mean(dim=-1)
+        return loss, td.detach().abs().mean(dim=-1), q_taken
 
 
 class ApeXNStepAssembler(NStepAssembler):

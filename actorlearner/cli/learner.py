@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from actorlearner.cli.common import logger, metrics_port, on_signals, warn_if_exposed
-from actorlearner.config import LearnerConfig
+from actorlearner.config import LearnerConfig, presets
 from actorlearner.health import Health
 from actorlearner.telemetry import format_progress
 
@@ -40,6 +40,10 @@ def start_learner(config: LearnerConfig):
     algorithm cannot learn from, an unknown algorithm, bad settings); no traceback."""
     from actorlearner.learner.learner import Learner
 
+    if config.preset_applied:
+        logger.info("preset %s for %s: %s (a flag, env var or TOML value overrides any; --preset none drops them)",
+                    config.preset if config.preset != presets.AUTO else config.env, config.algorithm,
+                    presets.describe(config.preset_applied))
     try:
         return Learner(config)
     except ValueError as exc:

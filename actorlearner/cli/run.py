@@ -15,6 +15,7 @@ from actorlearner.actor.actor import VECTOR_MODE_CHOICES
 from actorlearner.cli.common import logger, on_signals, warn_if_exposed
 from actorlearner.cli.learner import start_learner
 from actorlearner.config import LearnerConfig, RunConfig, options
+from actorlearner.config.learner import learner_settings
 from actorlearner.curve import LearningCurve
 from actorlearner.telemetry import format_progress
 from actorlearner.transport import SecurityConfig
@@ -39,6 +40,9 @@ def run_command(config: RunConfig) -> int:
     learner = start_learner(learner_config)
     if learner is None:
         return 2
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "settings.json"), "w") as fh:  # how this run trained, its preset included
+        json.dump(learner_settings(learner_config, learner.algorithm_config), fh, indent=1, default=str)
     stop = threading.Event()
     on_signals(stop.set)
     start = time.monotonic()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,10 @@ class LearnerConfig:
     """gRPC port; 0 picks a free one and prints it."""
     algorithm: str = "dqn"
     """Learning algorithm: a registered name (dqn) or package.module:Name; its options follow, prefixed with its name."""
+    preset: str = "auto"
+    """Per-task tuned settings for options left unset (by flag, env var or TOML): auto takes the env id's own preset where the algorithm has one, none takes none, an env id takes that env's preset. The run's first lines show what a preset set."""
+    preset_applied: dict = field(default_factory=dict, metadata={"option": False})
+    """The settings the preset gave (option name -> value): what no flag, env var or TOML value replaced."""
     seed: int = 0
     """Seeds networks, sampling and evaluation."""
     device: str = "auto"
@@ -108,3 +113,12 @@ class LearnerConfig:
     """The algorithm's config dataclass, built from its options; None means its defaults."""
     security: SecurityConfig = field(default_factory=SecurityConfig, metadata={"flatten": True})
     """Bearer token and TLS."""
+
+
+def learner_settings(config: LearnerConfig, algorithm_config: Any) -> dict[str, Any]:
+    """The learner's settings and its algorithm's (as ``<algorithm>.<name>``), security left out: what a run
+    records of how it trained."""
+    settings = {name: value for name, value in dataclasses.asdict(config).items()
+                if name not in ("security", "algorithm_config")}
+    settings.update({f"{config.algorithm}.{name}": value for name, value in dataclasses.asdict(algorithm_config).items()})
+    return settings

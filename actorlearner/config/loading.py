@@ -3,7 +3,7 @@
 The algorithm named by ``--algorithm`` adds its own config dataclass as a group of options
 (``--dqn-lr``, ``ACTORLEARNER_DQN_LR``, TOML table ``[dqn]``), and its ``learner_defaults``
 replace the learner's own defaults. Precedence: command-line flag, then environment variable,
-then TOML file, then the algorithm's learner default, then default.
+then TOML file, then the env's preset (`presets`), then the algorithm's learner default, then default.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import tomllib
 import typing
 from typing import Any
 
+from actorlearner.config import presets
 from actorlearner.config.learner import LearnerConfig
 from actorlearner.config.options import Option, dest_name, options, parse_value, show_value
 
@@ -59,24 +60,54 @@ def build(cls: type, args: argparse.Namespace | None = None, environ: typing.Map
     """Make a ``cls`` from flags, env vars and the TOML file named by ``--config``.
 
     With ``algorithm`` (when ``cls`` holds a learner), the learner's ``algorithm_config`` is
-    built the same way from the algorithm's prefixed options and its TOML table.
+    built the same way from the algorithm's prefixed options and its TOML table, and the preset
+    ``--preset`` picks (`presets.preset`) fills the options none of those set; the learner's
+    ``preset_applied`` says which.
     """
     environ = os.environ if environ is None else environ
     table: dict = {}
     if args is not None and getattr(args, "config", None):
         with open(args.config, "rb") as fh:
             table = tomllib.load(fh)
-    config = _build(cls, "", args, environ, table, algorithm_defaults(cls, algorithm))
+    defaults = algorithm_defaults(cls, algorithm)
+    config = _build(cls, "", args, environ, table, defaults)
     path = _learner_path(cls)
     if algorithm is None or path is None:
         return config
     sub = table.get(algorithm.name, {})
-    algorithm_config = _build(algorithm.config_class, f"{algorithm.name}-", args, environ,
-                              sub if isinstance(sub, dict) else {}, {})
-    if not path:
-        return dataclasses.replace(config, algorithm_config=algorithm_config)
-    learner = dataclasses.replace(getattr(config, path), algorithm_config=algorithm_config)
-    return dataclasses.replace(config, **{path: learner})
+    sub = sub if isinstance(sub, dict) else {}
+    within = (path,) if path else ()
+    tuned = presets.preset(algorithm.name, _walk(config, within + ("preset",)), _walk(config, within + ("env",)))
+    own, algorithm_own = _preset_paths(cls, path, algorithm, tuned)
+    if own:  # the preset's learner options, under what the user set
+        config = _build(cls, "", args, environ, table, {**defaults, **{own[name]: tuned[name] for name in own}})
+    algorithm_config = _build(algorithm.config_class, f"{algorithm.name}-", args, environ, sub,
+                              {algorithm_own[name]: tuned[name] for name in algorithm_own})
+    applied = {name: value for name, value in tuned.items()
+               if (_walk(config, own[name]) if name in own else _walk(algorithm_config, algorithm_own[name])) == value}
+    learner = dataclasses.replace(getattr(config, path) if path else config, algorithm_config=algorithm_config,
+                                  preset_applied=applied)
+    return dataclasses.replace(config, **{path: learner}) if path else learner
+
+
+def _preset_paths(cls: type, path: str, algorithm: type, tuned: dict[str, Any]) -> tuple[dict, dict]:
+    """The option paths of a preset's entries: (those of the learner's options in ``cls``, those of the
+    algorithm config's), by name; ValueError names an entry that is neither."""
+    within = (path,) if path else ()
+    learner = {opt.flag[2:]: opt.path for opt in options(cls) if opt.path[:len(within)] == within}
+    own = {opt.flag[2:]: opt.path for opt in options(algorithm.config_class, f"{algorithm.name}-")}
+    unknown = sorted(set(tuned) - set(learner) - set(own))
+    if unknown:
+        raise ValueError(f"a preset for {algorithm.name} names no learner or {algorithm.name} option: "
+                         f"{', '.join(unknown)}")
+    return ({name: learner[name] for name in tuned if name in learner},
+            {name: own[name] for name in tuned if name in own})
+
+
+def _walk(config: Any, path: tuple[str, ...]) -> Any:
+    for name in path:
+        config = getattr(config, name)
+    return config
 
 
 def algorithm_name(argv: typing.Sequence[str], environ: typing.Mapping[str, str] | None = None) -> str:

@@ -22,7 +22,7 @@ class RunConfig:
     vector_mode: str = "auto"
     """Each actor's --vector-mode: auto (ahead for a policy without memory and no self-play, else sync), sync, async, workers or ahead."""
     run_dir: str = ""
-    """Where this run keeps its checkpoints (checkpoints/), TensorBoard logs (tb/) and learning curve (curve.png), unless --checkpoint-dir or --logdir say otherwise; `actorlearner eval --checkpoint` reads it. Default: a new directory under runs/."""
+    """Where this run keeps its settings (settings.json, the preset included), checkpoints (checkpoints/), TensorBoard logs (tb/) and learning curve (curve.png), unless --checkpoint-dir or --logdir say otherwise; `actorlearner eval --checkpoint` reads it. Default: a new directory under runs/."""
     plot: bool = True
     """Write the learning curve (episode and eval returns against env steps and wall time) as curve.png in the run directory at the end."""
     learner: LearnerConfig = field(default_factory=LearnerConfig, metadata={"flatten": True})

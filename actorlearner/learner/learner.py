@@ -10,7 +10,6 @@ reports itself: the Learner asks each in turn.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import uuid
@@ -23,6 +22,7 @@ from actorlearner import specs, telemetry, wire
 from actorlearner.algorithms import config_json, make_config, resolve
 from actorlearner.checkpoint.rng import load_rng_state, rng_state
 from actorlearner.config import LearnerConfig
+from actorlearner.config.learner import learner_settings
 from actorlearner.envs import make_env
 from actorlearner.envs.multiagent import is_multi_agent, seat_spaces
 from actorlearner.frames import algorithm_frames, batch_fields, frame_stack_of
@@ -360,9 +360,5 @@ def _parameters(values: dict[str, str]) -> list[pb.Parameter]:
 
 def _hyperparameters_table(config: LearnerConfig, algorithm_config: Any) -> str:
     """The learner's settings and the algorithm's, as a markdown table (security settings left out)."""
-    settings = {name: value for name, value in dataclasses.asdict(config).items()
-                if name not in ("security", "algorithm_config")}
-    settings.update({f"{config.algorithm}.{name}": value
-                     for name, value in dataclasses.asdict(algorithm_config).items()})
-    rows = "\n".join(f"| {name} | {value} |" for name, value in settings.items())
+    rows = "\n".join(f"| {name} | {value} |" for name, value in learner_settings(config, algorithm_config).items())
     return f"| setting | value |\n|---|---|\n{rows}"
