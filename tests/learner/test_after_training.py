@@ -16,6 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from actorlearner import config as cfg
 from actorlearner.checkpoint.parts import CheckpointError
 from actorlearner.config import LearnerConfig
+from actorlearner.config.presets import PRESETS, describe
 from actorlearner.envs import make_env
 from actorlearner.learner.learner import Learner
 from actorlearner.trained import evaluate_trained, load_trained
@@ -91,6 +92,12 @@ def test_run_keeps_checkpoints_logs_and_a_learning_curve_in_its_run_directory(tm
     text = events.Tensors("hyperparameters/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "| batch_size | 64 |" in text and "| dqn.hidden_sizes | (32, 32) |" in text
     assert load_trained(run_dir).env == "CartPole-v1"
+    # CartPole's preset, but for what the command line set (--eval-every): in the log and the run's settings
+    preset = {name: value for name, value in PRESETS["dqn"]["CartPole-v1"].items() if name != "eval-every"}
+    settings = json.loads((run_dir / "settings.json").read_text())
+    assert settings["preset_applied"] == preset and settings["dqn.lr"] == preset["dqn-lr"], settings
+    assert settings["eval_every"] == 3.0 and settings["batch_size"] == 64
+    assert f"preset CartPole-v1 for dqn: {describe(preset)} (" in done.stderr
 
 
 def test_no_plot_turns_the_curve_off():

@@ -85,8 +85,9 @@ def test_algorithm_options_exist_only_with_an_algorithm_and_a_learner():
     with pytest.raises(SystemExit):  # an actor has no learner config, so no algorithm options
         parse(cfg.ActorConfig, ["--dqn-lr", "0.01"], DQN)
     assert cfg.build(cfg.ActorConfig, parse(cfg.ActorConfig, [], DQN), {}, DQN) == cfg.ActorConfig()
-    # Defaults only: still a full config of the algorithm, never None.
-    assert cfg.build(cfg.LearnerConfig, parse(cfg.LearnerConfig, [], DQN), {}, DQN).algorithm_config == DQNConfig()
+    # Defaults only (no preset: the default env, CartPole-v1, has one): still a full config of the algorithm.
+    plain = parse(cfg.LearnerConfig, ["--preset", "none"], DQN)
+    assert cfg.build(cfg.LearnerConfig, plain, {}, DQN).algorithm_config == DQNConfig()
 
 
 def test_a_user_algorithm_gets_options_prefixed_with_its_name(tmp_path):
