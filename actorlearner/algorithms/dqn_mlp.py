@@ -1,4 +1,4 @@
-"""DQN's update for a plain MLP Q network, its gradients written out: about a sixth of autograd's torch ops.
+"""DQN's update for a plain MLP Q network, its gradients written out: about half the torch ops of autograd's.
 
 A Q network over one flat observation leaf (a vector Box), an MLP torso and one Discrete branch
 without an action mask (every classic control task) is a chain of Linear+ReLU layers and a
