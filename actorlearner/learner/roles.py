@@ -105,7 +105,8 @@ class Roles:
 
 class SelfPlay(Roles):
     """Self-play: a league of snapshots and scripted players the actors' opponents are drawn from, and
-    evaluation games against them. Its actors connect directly and take state_dict policies."""
+    evaluation games against them. Its actors (directly or through relays, which pass the league on) take
+    state_dict policies."""
 
     def __init__(self, config: LearnerConfig, opponent: Any, spaces: tuple, telemetry: Telemetry,
                  on_change: Callable[[], None]):
@@ -118,9 +119,9 @@ class SelfPlay(Roles):
         return LeagueFeed(self.league)
 
     def refuse_hello(self, hello: pb.Hello) -> Refusal | None:
-        if hello.relay or hello.policy_format == ONNX_FORMAT:
-            return Refusal("FAILED_PRECONDITION", "this learner keeps a self-play league: its actors connect "
-                                                  "directly (no relays) and take state_dict policies (no onnx)")
+        if hello.policy_format == ONNX_FORMAT:
+            return Refusal("FAILED_PRECONDITION", "this learner keeps a self-play league: its actors take "
+                                                  "state_dict policies (no onnx)")
         return None
 
     def check_batch(self, batch: pb.TrajectoryBatch) -> None:

@@ -4,8 +4,9 @@ Upstream, the relay is one ``Connect`` stream whose Hello sets ``relay``; every 
 connects to the relay joins on it (its Hello forwarded with ``ActorMessage.actor_id``), and
 its batches and stats go up tagged the same way. What comes down with an ``actor_id`` (the
 actor's Welcome, Acks, a Refusal) is routed to the downstream stream the actor joined on;
-what comes without one is the relay's own: its Welcome, and policy versions, which it keeps
-as one serialized copy that all its streams send. When the upstream stream ends, every
+what comes without one is the relay's own: its Welcome, policy versions, which it keeps as one
+serialized copy that all its streams send, and a self-play learner's league (`RelayLeague`): each
+snapshot's weights come up once and go down once per stream, before the menu that names them. When the upstream stream ends, every
 downstream stream ends with UNAVAILABLE: the actors reconnect and resend their windows, so
 nothing acked is lost and the learner's duplicate filter keeps anything from being stored twice.
 """
@@ -26,6 +27,7 @@ import grpc
 from actorlearner import wire
 from actorlearner.config import RelayConfig
 from actorlearner.metrics import Metric
+from actorlearner.relay.league import RelayLeague
 from actorlearner.streaming.broadcast import PolicyBroadcast
 from actorlearner.streaming.reconnect import Reconnecting, Refused
 from actorlearner.streaming.served import ServedStream, call_on_loop
@@ -48,6 +50,8 @@ class RelayServedStream(ServedStream):
         super().__init__(hello.actor_id, hello.relay, context)
         self.hello = hello
         self.welcomed = False  # a Welcome went out: policy versions follow it
+        self.league_revision = 0  # the relay league's revision last sent (self-play)
+        self.league_sent: set[str] = set()  # snapshots whose weights went out on this stream
         self.in_flight = 0  # batches forwarded upstream and not acked yet; under lock
         self._room = asyncio.Event()  # an ack made room in the window the reader waits on
         self._awaiting_room = False  # under lock
@@ -107,6 +111,7 @@ class Relay(Reconnecting):
         self.config = config
         self.relay_id = config.relay_id or f"{socket.gethostname()}-relay-{os.getpid()}"
         self.broadcast = PolicyBroadcast(config.chunk_bytes)
+        self.league = RelayLeague(self.broadcast.nudge)  # a self-play learner's league, passed on
         self.lock = threading.Lock()  # routes, streams and the upstream's state
         self.routes: dict[str, Route] = {}
         self.streams: set[RelayServedStream] = set()
@@ -286,12 +291,16 @@ class Relay(Reconnecting):
                     self.spec, self.welcome, self._requests = spec, message.welcome, requests
                     if not self.up:
                         self._awaited_version = message.welcome.policy_version
+            elif kind == "policy_update" and message.policy_update.opponent:
+                self.league.add_chunk(message)  # a league snapshot's weights
             elif kind == "policy_update":
                 update = message.policy_update
                 payload = assembler.add(update.version, update.chunk_index, update.chunk_count,
                                         update.total_bytes, update.payload)
                 if payload is not None:
                     self._publish(update.version, payload)
+            elif kind == "league":
+                self.league.update(message)
             elif kind == "shutdown":
                 logger.info("upstream is shutting down: %s", message.shutdown.reason)
                 break
@@ -314,6 +323,7 @@ class Relay(Reconnecting):
                 self._requests = None
             streams, self.streams = list(self.streams), set()
             self.routes.clear()
+        self.league.clear()
         if was_up:
             logger.warning("relay %s lost its upstream %s (%s); ending %d streams", self.relay_id,
                            self.config.upstream, reason, len(streams))

@@ -98,12 +98,13 @@ class RelayService(pb_grpc.LearnerServicer):
 
     async def _send(self, stream: RelayServedStream) -> None:
         """Write what is routed to the stream and, once it is welcomed, the relay's newest policy
-        version. A Welcome for the stream itself names the version that follows it (the first one)
+        version and a self-play league's news (snapshot weights, then the menu). A Welcome for the stream itself names the version that follows it (the first one)
         or was sent last (later ones, settings changes). The only writer of the stream."""
-        broadcast = self.relay.broadcast
+        broadcast, league = self.relay.broadcast, self.relay.league
         while True:
             while not (stream.outbox or stream.closed
-                       or (stream.welcomed and broadcast.version > stream.sent_version)):
+                       or (stream.welcomed and (broadcast.version > stream.sent_version
+                                                or league.revision > stream.league_revision))):
                 await stream.woken()
             for message in stream.take_outbox():
                 if message.WhichOneof("kind") != "welcome" or message.actor_id:
@@ -126,6 +127,10 @@ class RelayService(pb_grpc.LearnerServicer):
                 stream.sent_version = version
                 for chunk in policy:
                     await stream.send(chunk)
+            if stream.welcomed and league.revision > stream.league_revision:
+                stream.league_revision, menu = league.menu(stream.league_sent)
+                for message in menu:
+                    await stream.send(message)
 
     def GetStatus(self, request, context):
         return self.relay.status()

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
-import sys
 
 import grpc
 import numpy as np
@@ -23,7 +21,7 @@ from actorlearner.transport import SecurityConfig, open_channel
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 from probes import health, scrape
-from procs import CHILD_ENV, FAST_LEARNER, free_port, start_actor, start_learner, stop, wait_until
+from procs import FAST_LEARNER, free_port, start_actor, start_learner, start_relay, stop, wait_until
 from streams import BATCH, batch_for, make_hello
 from tcp_proxy import TcpProxy
 
@@ -47,18 +45,6 @@ def relay_at(upstream_port: int, relay_id: str, **overrides):
     with serve_relay(relay_config(upstream_port, relay_id, **overrides)) as (relay, port):
         wait_until(lambda: relay.up or relay.failed.is_set(), 60, f"relay {relay_id} to connect upstream")
         yield relay, port
-
-
-def start_relay(upstream_port: int, relay_id: str, *args: str, port: int = 0) -> tuple[subprocess.Popen, int]:
-    """``actorlearner relay`` as a process; returns it and the port it printed."""
-    proc = subprocess.Popen([sys.executable, "-m", "actorlearner", "relay", "--upstream", f"127.0.0.1:{upstream_port}",
-                             "--port", str(port), "--relay-id", relay_id, "--reconnect-max", "0.5", *args],
-                            stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
-    line = proc.stdout.readline()
-    if "listening on" not in line:
-        proc.kill()
-        raise RuntimeError(f"relay did not report its port: {line!r}")
-    return proc, int(line.rsplit(":", 1)[1])
 
 
 def get_status(port: int, security: SecurityConfig | None = None) -> pb.StatusResponse:

@@ -166,3 +166,15 @@ def listening_port(proc: subprocess.Popen) -> int:
     match = re.search(r"listening on [\d.]+:(\d+)", line)
     assert match, f"learner did not report its port: {line!r}"
     return int(match.group(1))
+
+
+def start_relay(upstream_port: int, relay_id: str, *args: str, port: int = 0) -> tuple[subprocess.Popen, int]:
+    """``actorlearner relay`` as a process; returns it and the port it printed."""
+    proc = subprocess.Popen([sys.executable, "-m", "actorlearner", "relay", "--upstream", f"127.0.0.1:{upstream_port}",
+                             "--port", str(port), "--relay-id", relay_id, "--reconnect-max", "0.5", *args],
+                            stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
+    line = proc.stdout.readline()
+    if "listening on" not in line:
+        proc.kill()
+        raise RuntimeError(f"relay did not report its port: {line!r}")
+    return proc, int(line.rsplit(":", 1)[1])
