@@ -30,7 +30,8 @@ SERVER_STOP_GRACE_SECONDS = 2.0
 
 
 class RelayService(pb_grpc.LearnerServicer):
-    """Connect streams join the relay; GetStatus answers for the relay; GetSpec and SetParameters are the upstream's.
+    """Connect streams join the relay; GetStatus answers for the relay (a self-play league's part is the
+    upstream's); GetSpec and SetParameters are the upstream's.
     Make it on the loop that serves it: the unary calls run on the server's small thread pool."""
 
     def __init__(self, relay: Relay):
@@ -133,7 +134,16 @@ class RelayService(pb_grpc.LearnerServicer):
                     await stream.send(message)
 
     def GetStatus(self, request, context):
-        return self.relay.status()
+        """The relay's own status; for a self-play learner, with its upstream's league (ratings, records)."""
+        response = self.relay.status()
+        welcome = self.relay.welcome
+        if welcome is not None and welcome.settings.league.enabled:
+            try:
+                response.league.CopyFrom(self._upstream(lambda stub: stub.GetStatus(
+                    request, timeout=context.time_remaining())).league)
+            except grpc.RpcError as exc:
+                logger.warning("status: the upstream's league is unavailable: %s", exc.details())
+        return response
 
     def GetSpec(self, request, context):
         spec = self.relay.spec
@@ -143,12 +153,16 @@ class RelayService(pb_grpc.LearnerServicer):
 
     def SetParameters(self, request, context):
         """Passed on upstream, with the relay's credentials; the upstream's answer or status comes back."""
+        try:
+            return self._upstream(lambda stub: stub.SetParameters(request, timeout=context.time_remaining()))
+        except grpc.RpcError as exc:
+            context.abort(exc.code(), exc.details())
+
+    def _upstream(self, call):
+        """``call(stub)`` on a channel of its own to the upstream, with the relay's credentials."""
         config = self.relay.config
         with open_channel(config.upstream, config.security, grpc_options(config.max_message_bytes)) as channel:
-            try:
-                return pb_grpc.LearnerStub(channel).SetParameters(request, timeout=context.time_remaining())
-            except grpc.RpcError as exc:
-                context.abort(exc.code(), exc.details())
+            return call(pb_grpc.LearnerStub(channel))
 
 
 @contextlib.contextmanager

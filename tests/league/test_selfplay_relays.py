@@ -6,7 +6,9 @@ from __future__ import annotations
 from actorlearner.config import RelayConfig
 from actorlearner.league import SELF
 from actorlearner.relay.server import serve as serve_relay
+from actorlearner.transport import SecurityConfig, open_channel
 from actorlearner.v1 import learner_pb2 as pb
+from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 from league_streams import game, ttt_batch, ttt_hello, ttt_learner_at
 from multiagent_envs import RANDOM
 from procs import start_relay, stop, wait_until
@@ -60,6 +62,10 @@ def test_a_relay_passes_the_league_on_each_snapshot_once_per_stream(tmp_path):
             assert sorted(snapshots) == [("v2", 2), ("v4", 4)] and menu == [SELF, RANDOM, "v2", "v4"]
             by_id = {a.actor_id: a for a in learner.status().actors}
             assert by_id["early"].via == "league-relay" and by_id["league-relay"].relay
+            with open_channel(f"127.0.0.1:{relay_port}", SecurityConfig(), []) as channel:  # status at the relay
+                shown = pb_grpc.LearnerStub(channel).GetStatus(pb.StatusRequest(), timeout=30)
+            assert {a.actor_id for a in shown.actors} == {"early", "late"}
+            assert shown.league.snapshots == 2 and [o.opponent.id for o in shown.league.opponents] == menu
             early.close()
             late.close()
 
