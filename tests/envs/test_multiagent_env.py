@@ -8,8 +8,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from multiagent_envs import Expedition, x_against_random
-from procs import stop, wait_until
-from test_remote_env import error_of, session, start_env_server
+from procs import start_env_server, stop, wait_until
+from test_remote_env import error_of, session
 
 from actorlearner import specs
 from actorlearner.envs import RemoteEnv, RemoteEnvError, RemoteMultiAgentEnv, make_env, make_vector_env

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from procs import (
     CHILD_ENV,
     FAST_LEARNER,
     start_actor,
+    start_env_server,
     start_learner,
     status,
     stop,
@@ -30,18 +30,6 @@ from actorlearner.envs import RemoteEnv, RemoteEnvError, make_env
 from actorlearner.envs.server import serve
 from actorlearner.v1 import env_pb2 as pb
 from actorlearner.v1 import env_pb2_grpc as pb_grpc
-
-
-def start_env_server(env: str, *args: str) -> tuple[subprocess.Popen, int]:
-    """``actorlearner env-server --port 0`` in its own process; returns it and its port."""
-    proc = subprocess.Popen([sys.executable, "-m", "actorlearner", "env-server", "--env", env, "--port", "0", *args],
-                            stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
-    line = proc.stdout.readline()
-    match = re.search(r"listening on [\d.]+:(\d+)", line)
-    if not match:
-        proc.kill()
-        raise RuntimeError(f"env server did not report its port: {line!r}")
-    return proc, int(match.group(1))
 
 
 def checker_warnings(env: gym.Env) -> set[str]:

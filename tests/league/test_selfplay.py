@@ -329,9 +329,8 @@ def test_r2d2_plays_self_play_on_a_game_served_by_env_server_in_real_processes(t
     """The recurrent Q-learner fits a discrete game too: actors and learner reach tic-tac-toe through
     `actorlearner env-server` (grpc://), games are counted, snapshots taken, ratings reach
     TensorBoard, and SIGTERM ends all cleanly."""
-    from procs import start_actor, start_learner, status, stop
+    from procs import start_actor, start_env_server, start_learner, status, stop
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from test_remote_env import start_env_server
     server, env_port = start_env_server(TICTACTOE)
     env = f"grpc://127.0.0.1:{env_port}"
     learner, port = start_learner("--env", env, "--algorithm", "r2d2", "--min-replay-size", "64", "--batch-size", "16",

@@ -178,3 +178,15 @@ def start_relay(upstream_port: int, relay_id: str, *args: str, port: int = 0) ->
         proc.kill()
         raise RuntimeError(f"relay did not report its port: {line!r}")
     return proc, int(line.rsplit(":", 1)[1])
+
+
+def start_env_server(env: str, *args: str) -> tuple[subprocess.Popen, int]:
+    """``actorlearner env-server --port 0`` in its own process; returns it and its port."""
+    proc = subprocess.Popen([sys.executable, "-m", "actorlearner", "env-server", "--env", env, "--port", "0", *args],
+                            stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
+    line = proc.stdout.readline()
+    match = re.search(r"listening on [\d.]+:(\d+)", line)
+    if not match:
+        proc.kill()
+        raise RuntimeError(f"env server did not report its port: {line!r}")
+    return proc, int(match.group(1))
