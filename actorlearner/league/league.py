@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -22,6 +23,8 @@ from actorlearner.league.ratings import INITIAL_RATING, SCORES, Record, elo_upda
 from actorlearner.metrics import Metric
 from actorlearner.streaming.broadcast import policy_update_messages
 from actorlearner.v1 import learner_pb2 as pb
+
+T = TypeVar("T")
 
 SELF = "self"
 """The id of the current policy as an opponent."""
@@ -179,12 +182,7 @@ class League:
         """``(revision, messages)`` bringing a stream that holds the snapshot weights ``sent`` up to date:
         weights of snapshots it lacks, then the LeagueUpdate; ``sent`` is updated in place."""
         with self._lock:
-            messages = []
-            for member in self.members.values():
-                if member.snapshot and member.id not in sent:
-                    messages.extend(member.messages)
-                    sent.add(member.id)
-            sent.intersection_update(self.members)
+            messages = unsent_weights({m.id: m.messages for m in self.members.values() if m.snapshot}, sent)
             update = pb.LeagueUpdate(opponents=[self._opponent(m) for m in self.members.values()])
             return self.revision, [*messages, pb.LearnerMessage(league=update)]
 
@@ -269,3 +267,16 @@ class League:
                     member.transitions = int(saved["transitions"])
             self._bump()
         self.on_change()
+
+
+def unsent_weights(snapshots: Mapping[str, Sequence[T]], sent: set[str]) -> list[T]:
+    """The chunks of every snapshot (id -> its weights' PolicyUpdates) a stream that holds ``sent`` lacks, in
+    order; ``sent`` takes them and forgets snapshots no longer held. What a learner's and a relay's streams send
+    before the menu."""
+    messages: list[T] = []
+    for snapshot, chunks in snapshots.items():
+        if snapshot not in sent:
+            messages.extend(chunks)
+            sent.add(snapshot)
+    sent.intersection_update(snapshots)
+    return messages

@@ -7,6 +7,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from actorlearner.league.league import unsent_weights
 from actorlearner.v1 import learner_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -63,10 +64,4 @@ class RelayLeague:
         with self._lock:
             if self._update is None:
                 return self.revision, []
-            messages = []
-            for opponent, chunks in self._snapshots.items():
-                if opponent not in sent:
-                    messages += chunks
-                    sent.add(opponent)
-            sent.intersection_update(self._snapshots)
-            return self.revision, [*messages, self._update]
+            return self.revision, [*unsent_weights(self._snapshots, sent), self._update]

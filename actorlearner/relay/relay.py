@@ -6,9 +6,10 @@ its batches and stats go up tagged the same way. What comes down with an ``actor
 actor's Welcome, Acks, a Refusal) is routed to the downstream stream the actor joined on;
 what comes without one is the relay's own: its Welcome, policy versions, which it keeps as one
 serialized copy that all its streams send, and a self-play learner's league (`RelayLeague`): each
-snapshot's weights come up once and go down once per stream, before the menu that names them. When the upstream stream ends, every
-downstream stream ends with UNAVAILABLE: the actors reconnect and resend their windows, so
-nothing acked is lost and the learner's duplicate filter keeps anything from being stored twice.
+snapshot's weights come up once and go down once per stream, before the menu that names them.
+When the upstream stream ends, every downstream stream ends with UNAVAILABLE: the actors reconnect
+and resend their windows, so nothing acked is lost and the learner's duplicate filter keeps
+anything from being stored twice.
 """
 
 from __future__ import annotations

@@ -99,8 +99,9 @@ class RelayService(pb_grpc.LearnerServicer):
 
     async def _send(self, stream: RelayServedStream) -> None:
         """Write what is routed to the stream and, once it is welcomed, the relay's newest policy
-        version and a self-play league's news (snapshot weights, then the menu). A Welcome for the stream itself names the version that follows it (the first one)
-        or was sent last (later ones, settings changes). The only writer of the stream."""
+        version and a self-play league's news (snapshot weights, then the menu). A Welcome for the
+        stream itself names the version that follows it (the first one) or was sent last (later ones,
+        settings changes). The only writer of the stream."""
         broadcast, league = self.relay.broadcast, self.relay.league
         while True:
             while not (stream.outbox or stream.closed

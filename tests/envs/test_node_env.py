@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import queue
-import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import grpc
 import numpy as np
 import pytest
 from multiagent_envs import Duel
+from procs import started
 from test_multiagent_env import play_both
 
 from actorlearner import specs
@@ -37,13 +37,7 @@ pytestmark = pytest.mark.skipif(NODE is None, reason="node is not on PATH: canno
 
 def start_server(*args: str, script: str = "server.js") -> tuple[subprocess.Popen, int]:
     """``node SCRIPT --port 0``; returns the process and the port it printed."""
-    proc = subprocess.Popen([NODE, script, "--port", "0", *args], cwd=NODE_ENV, stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    match = re.search(r"listening on [\d.]+:(\d+)", line)
-    if not match:
-        proc.kill()
-        raise RuntimeError(f"node env server did not report its port: {line!r}")
-    return proc, int(match.group(1))
+    return started([NODE, script, "--port", "0", *args], "node env server", cwd=NODE_ENV)
 
 
 def stop_server(proc: subprocess.Popen) -> int:

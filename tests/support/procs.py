@@ -37,20 +37,17 @@ else:
 """
 
 # Children import the tests' own environments and algorithms (custom_envs:..., plugin_algorithm:...).
+LISTENING = re.compile(r"listening on [\d.]+:(\d+)")
+"""The first line a server the tests start prints: "learner listening on 127.0.0.1:PORT"."""
+
 CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(os.path.abspath(__file__)),
                                                                       os.environ.get("PYTHONPATH")]))}
 
 
 def start_learner(*args: str, port: int = 0) -> tuple[subprocess.Popen, int]:
     """``actorlearner learner --port PORT`` (0: any); returns the process and the port it printed."""
-    proc = subprocess.Popen([sys.executable, "-m", "actorlearner", "learner", "--port", str(port), *args],
-                            stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
-    line = proc.stdout.readline()
-    match = re.search(r"listening on [\d.]+:(\d+)", line)
-    if not match:
-        proc.kill()
-        raise RuntimeError(f"learner did not report its port: {line!r}")
-    return proc, int(match.group(1))
+    return started([sys.executable, "-m", "actorlearner", "learner", "--port", str(port), *args], "learner",
+                   env=CHILD_ENV)
 
 
 def start_actor(port: int, actor_id: str, *args: str, stderr=None) -> subprocess.Popen:
@@ -163,30 +160,30 @@ def start_rank(rank: int, address: str, *args: str) -> subprocess.Popen:
 def listening_port(proc: subprocess.Popen) -> int:
     """The port a learner started with ``--port 0`` says it listens on (its first line of output)."""
     line = proc.stdout.readline()
-    match = re.search(r"listening on [\d.]+:(\d+)", line)
+    match = LISTENING.search(line)
     assert match, f"learner did not report its port: {line!r}"
     return int(match.group(1))
 
 
+def started(command: list[str], what: str, **popen) -> tuple[subprocess.Popen, int]:
+    """``command`` as a process (stdout piped, text) and the port its first line says it listens on; the
+    process is killed and RuntimeError names ``what`` when that line says none."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, **popen)
+    line = proc.stdout.readline()
+    match = LISTENING.search(line)
+    if not match:
+        proc.kill()
+        raise RuntimeError(f"{what} did not report its port: {line!r}")
+    return proc, int(match.group(1))
+
+
 def start_relay(upstream_port: int, relay_id: str, *args: str, port: int = 0) -> tuple[subprocess.Popen, int]:
     """``actorlearner relay`` as a process; returns it and the port it printed."""
-    proc = subprocess.Popen([sys.executable, "-m", "actorlearner", "relay", "--upstream", f"127.0.0.1:{upstream_port}",
-                             "--port", str(port), "--relay-id", relay_id, "--reconnect-max", "0.5", *args],
-                            stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
-    line = proc.stdout.readline()
-    if "listening on" not in line:
-        proc.kill()
-        raise RuntimeError(f"relay did not report its port: {line!r}")
-    return proc, int(line.rsplit(":", 1)[1])
+    return started([sys.executable, "-m", "actorlearner", "relay", "--upstream", f"127.0.0.1:{upstream_port}",
+                    "--port", str(port), "--relay-id", relay_id, "--reconnect-max", "0.5", *args], "relay", env=CHILD_ENV)
 
 
 def start_env_server(env: str, *args: str) -> tuple[subprocess.Popen, int]:
     """``actorlearner env-server --port 0`` in its own process; returns it and its port."""
-    proc = subprocess.Popen([sys.executable, "-m", "actorlearner", "env-server", "--env", env, "--port", "0", *args],
-                            stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
-    line = proc.stdout.readline()
-    match = re.search(r"listening on [\d.]+:(\d+)", line)
-    if not match:
-        proc.kill()
-        raise RuntimeError(f"env server did not report its port: {line!r}")
-    return proc, int(match.group(1))
+    return started([sys.executable, "-m", "actorlearner", "env-server", "--env", env, "--port", "0", *args],
+                   "env server", env=CHILD_ENV)
