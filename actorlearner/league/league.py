@@ -4,6 +4,11 @@ Members are drawn by actors in proportion to the weights of the newest :meth:`Le
 Every change that actors should see (a snapshot taken or dropped, weights recomputed after
 new games) raises :attr:`League.revision`; each stream sends the menu again when it is behind.
 Results come in batches and are counted with them, exactly once (see learner.proto, Self-play).
+
+Data-parallel ranks keep one league for the world: each rank's league is ``shared``. Its batches'
+results wait in :attr:`League.pending`, and versions published wait to become snapshots, until the
+ranks' trainers meet in :meth:`League.share`: there every rank applies every rank's results, in rank
+order, and takes the snapshots every rank has published, so that the ratings stay identical.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import msgpack
 import torch
 
 from actorlearner import wire
@@ -36,6 +42,12 @@ MAX_ID_CHARS = 256
 MAX_GAMES_PER_BATCH = 65536
 """More games than this in one batch is malformed (an R2D2 sequence row can span many short games)."""
 MAX_OPPONENTS_PER_BATCH = 1024
+SHARE_SECONDS = 0.5
+"""Data-parallel: how long results may wait before the ranks' trainers share them (at their next round)."""
+
+Results = list
+"""One stored batch's part of the league, in plain values (shared between ranks and checkpointed):
+``[opponents its transitions faced, its transitions, [[opponent, outcome code], ...] of its games]``."""
 
 
 def snapshot_id(version: int) -> str:
@@ -54,6 +66,7 @@ class Member:
     transitions: int = 0
     payload: bytes = b""  # a snapshot's serialized state dict
     messages: list[pb.LearnerMessage] = field(default_factory=list)  # its weights as chunked PolicyUpdates
+    onnx: list[pb.LearnerMessage] = field(default_factory=list)  # its ONNX model as chunked PolicyUpdates, once made
 
     @property
     def snapshot(self) -> bool:
@@ -64,13 +77,19 @@ class League:
     """Snapshots every ``snapshot_every`` versions (at most ``max_snapshots``), scripted players, ratings.
 
     Thread-safe: ingest threads record games, the trainer takes snapshots, streams read menus.
-    ``on_change`` is called (outside the lock) whenever :attr:`revision` rises.
+    ``on_change`` is called (outside the lock) whenever :attr:`revision` rises. ``shared``: one of
+    several data-parallel ranks' leagues (see the module's docstring).
     """
 
-    def __init__(self, config: LeagueConfig, chunk_bytes: int, on_change: Callable[[], None] = lambda: None):
+    def __init__(self, config: LeagueConfig, chunk_bytes: int, on_change: Callable[[], None] = lambda: None,
+                 shared: bool = False):
         self.config = config
         self.chunk_bytes = chunk_bytes
         self.on_change = on_change
+        self.shared = shared
+        self.pending: list[Results] = []  # shared: this rank's results not shared yet, oldest first
+        self._pending_since = 0.0  # when the oldest of them came
+        self._published: dict[int, bytes] = {}  # shared: versions due to become snapshots once every rank has them
         self.rating = INITIAL_RATING
         self.games = 0
         self.unrated_games = 0
@@ -92,6 +111,9 @@ class League:
             return False
         with self._lock:
             if snapshot_id(version) in self.members:  # published again after a resume
+                return False
+            if self.shared:
+                self._published[version] = payload
                 return False
             self._add_snapshot(version, payload, self.rating)
             self._bump()
@@ -134,27 +156,70 @@ class League:
                                      f"got {name!r:.80}")
 
     def record(self, batch: pb.TrajectoryBatch) -> None:
-        """Count a stored batch's games (rated against opponents still in the league) and its transitions."""
+        """Count a stored batch's games (rated against opponents still in the league) and its transitions;
+        shared, keep them for the next :meth:`share`."""
+        results = [sorted(set(batch.opponents)), batch.num_transitions, [[g.opponent, g.outcome] for g in batch.games]]
         with self._lock:
-            for opponent in set(batch.opponents):
-                if (member := self.members.get(opponent)) is not None:
-                    member.transitions += batch.num_transitions
-            for game in batch.games:
-                outcome = OUTCOMES[game.outcome]
-                self.games += 1
-                member = self.members.get(game.opponent)
-                if member is None:
-                    self.unrated_games += 1
-                    continue
-                member.record.add(outcome)
-                if member.id != SELF:  # the current policy against itself moves no rating
-                    self.rating, member.rating = elo_update(self.rating, member.rating, SCORES[outcome],
-                                                            self.config.elo_k)
+            if self.shared:
+                if not self.pending:
+                    self._pending_since = time.monotonic()
+                self.pending.append(results)
+                return
+            self._apply(results)
             due = batch.games and time.monotonic() - self._reweighed >= REWEIGH_SECONDS
             if due:
                 self._bump()
         if due:
             self.on_change()
+
+    def _apply(self, results: Results) -> None:
+        """Under the lock: count one batch's results."""
+        opponents, transitions, games = results
+        for opponent in opponents:
+            if (member := self.members.get(opponent)) is not None:
+                member.transitions += transitions
+        for opponent, code in games:
+            outcome = OUTCOMES[code]
+            self.games += 1
+            member = self.members.get(opponent)
+            if member is None:
+                self.unrated_games += 1
+                continue
+            member.record.add(outcome)
+            if member.id != SELF:  # the current policy against itself moves no rating
+                self.rating, member.rating = elo_update(self.rating, member.rating, SCORES[outcome], self.config.elo_k)
+
+    # -- one league for data-parallel ranks -----------------------------------------------
+
+    def share_due(self) -> bool:
+        """Shared: whether this rank has results waiting for SHARE_SECONDS or versions due as snapshots."""
+        with self._lock:
+            return self.shared and bool(self._published or (
+                self.pending and time.monotonic() - self._pending_since >= SHARE_SECONDS))
+
+    def share(self, gather: Callable[[bytes], list[bytes]]) -> None:
+        """Every rank's trainer calls this at the same round: ``gather`` (a collective) gives each rank's
+        message in rank order. Each rank then applies every rank's pending results, in rank order, and takes
+        as snapshots the versions every rank has published, oldest first, all at the same instant."""
+        with self._lock:
+            mine = list(self.pending)
+            newest = max(self._published, default=0)
+        everyone = [msgpack.unpackb(message) for message in gather(msgpack.packb([newest, mine]))]
+        common = min(newest for newest, _ in everyone)
+        with self._lock:
+            del self.pending[:len(mine)]
+            self._pending_since = time.monotonic()
+            self._admit(common)
+            for _, results in everyone:
+                for batch_results in results:
+                    self._apply(batch_results)
+            self._bump()
+        self.on_change()
+
+    def _admit(self, newest: int) -> None:
+        """Under the lock: the published versions up to ``newest`` become snapshots, oldest first."""
+        for version in sorted(v for v in self._published if v <= newest):
+            self._add_snapshot(version, self._published.pop(version), self.rating)
 
     # -- menus ----------------------------------------------------------------------------
 
@@ -178,13 +243,32 @@ class League:
         self._weights = {SELF: self.config.self_play, **{key: share * value / total for key, value in raw.items()}}
         self._reweighed = time.monotonic()
 
-    def menu(self, sent: set[str]) -> tuple[int, list[pb.LearnerMessage]]:
+    def menu(self, sent: set[str], onnx: bool = False) -> tuple[int, list[pb.LearnerMessage]]:
         """``(revision, messages)`` bringing a stream that holds the snapshot weights ``sent`` up to date:
-        weights of snapshots it lacks, then the LeagueUpdate; ``sent`` is updated in place."""
+        weights of snapshots it lacks, then the LeagueUpdate; ``sent`` is updated in place. ``onnx``: the
+        snapshots as ONNX models, and only those whose model is made (:meth:`exported`)."""
         with self._lock:
-            messages = unsent_weights({m.id: m.messages for m in self.members.values() if m.snapshot}, sent)
-            update = pb.LeagueUpdate(opponents=[self._opponent(m) for m in self.members.values()])
+            members = [m for m in self.members.values() if not (onnx and m.snapshot and not m.onnx)]
+            messages = unsent_weights({m.id: m.onnx if onnx else m.messages for m in members if m.snapshot}, sent)
+            update = pb.LeagueUpdate(opponents=[self._opponent(m) for m in members])
             return self.revision, [*messages, pb.LearnerMessage(league=update)]
+
+    def unexported(self) -> list[tuple[str, bytes]]:
+        """``(id, state dict payload)`` of the snapshots without an ONNX model, oldest first: made in that order,
+        they reach ONNX streams in version order, as state dicts reach the others."""
+        with self._lock:
+            return [(m.id, m.payload) for m in sorted(self.members.values(), key=lambda m: m.version)
+                    if m.snapshot and not m.onnx]
+
+    def exported(self, member_id: str, model: bytes) -> None:
+        """Snapshot ``member_id``'s ONNX model is made (nothing if it left the league meanwhile)."""
+        with self._lock:
+            member = self.members.get(member_id)
+            if member is None:
+                return
+            member.onnx = policy_update_messages(member.version, model, self.chunk_bytes, opponent=member_id)
+            self.revision += 1
+        self.on_change()
 
     def _opponent(self, member: Member) -> pb.Opponent:
         return pb.Opponent(id=member.id, version=member.version, script=member.script,
@@ -234,13 +318,16 @@ class League:
             return values
 
     def state(self) -> dict:
-        """A checkpoint part: plain members and ratings, each snapshot's weights as tensors."""
+        """A checkpoint part: plain members and ratings, each snapshot's weights as tensors, and (shared) the
+        results not shared yet. Shared, the versions published first become snapshots: every rank checkpoints
+        at the same update, once it has published every version, so every rank takes the same ones."""
         with self._lock:
+            self._admit(max(self._published, default=0))
             members = [{"id": m.id, "version": m.version, "script": m.script, "rating": m.rating,
                         "wins": m.record.wins, "draws": m.record.draws, "losses": m.record.losses,
                         "transitions": m.transitions} for m in self.members.values()]
             part: dict = {"members": members, "rating": self.rating, "games": self.games,
-                          "unrated_games": self.unrated_games}
+                          "unrated_games": self.unrated_games, "pending": list(self.pending)}
             for m in self.members.values():
                 if m.snapshot:
                     for name, tensor in wire.decode_state_dict(m.payload).items():
@@ -252,6 +339,8 @@ class League:
         with self._lock:
             self.rating, self.games = float(part["rating"]), int(part["games"])
             self.unrated_games = int(part["unrated_games"])
+            self.pending = list(part.get("pending", ()))
+            self._pending_since = time.monotonic()
             scripted = set(self.config.scripted_players())
             for saved in part["members"]:
                 record = Record(int(saved["wins"]), int(saved["draws"]), int(saved["losses"]))

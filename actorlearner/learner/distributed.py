@@ -2,7 +2,8 @@
 
 Every rank is a whole learner with its own actors, replay shard, rate limiter and priorities.
 The ranks train in lockstep: before each update they agree (one all-reduce) whether every
-rank has a sample, whether any is stopping and whether a checkpoint is due, so that no rank
+rank has a sample, whether any is stopping, whether a checkpoint is due and whether the roles
+have state to share (a self-play league's results: :meth:`DataParallel.gather`), so that no rank
 waits in a collective for one that will not join. Each optimizer step of the algorithm's trainer
 first averages the gradients over the ranks (a step pre-hook on every ``torch.optim.Optimizer``
 its ``optimizers()`` names), and rank 0's trainer state is broadcast at start, so that the parameters
@@ -119,8 +120,12 @@ class SingleRank:
     def __init__(self, world: World):
         self.world = world
 
-    def agree(self, ready: bool, stop: bool, checkpoint: bool) -> tuple[bool, bool, bool]:
-        return ready, stop, checkpoint
+    def agree(self, ready: bool, stop: bool, checkpoint: bool, share: bool) -> tuple[bool, bool, bool, bool]:
+        return ready, stop, checkpoint, share
+
+    def gather(self, message: bytes) -> list[bytes]:
+        """Every rank's ``message``, in rank order."""
+        return [message]
 
     def extremes(self, value: int) -> tuple[int, int]:
         return value, value
@@ -161,12 +166,29 @@ class DataParallel(SingleRank):
         dist.init_process_group(backend, store=store, world_size=world.size, rank=world.rank,
                                 timeout=timedelta(seconds=timeout))
 
-    def agree(self, ready: bool, stop: bool, checkpoint: bool) -> tuple[bool, bool, bool]:
-        """(every rank ready, any rank stopping, any rank's checkpoint due), in one all-reduce."""
-        flags = torch.tensor([ready, not stop, not checkpoint], dtype=torch.int32, device=self.device)
+    def agree(self, ready: bool, stop: bool, checkpoint: bool, share: bool) -> tuple[bool, bool, bool, bool]:
+        """(every rank ready, any rank stopping, any rank's checkpoint due, any rank's share due), in one
+        all-reduce."""
+        flags = torch.tensor([ready, not stop, not checkpoint, not share], dtype=torch.int32, device=self.device)
         dist.all_reduce(flags, op=dist.ReduceOp.MIN)
-        all_ready, none_stop, none_due = flags.tolist()
-        return bool(all_ready), not none_stop, not none_due
+        all_ready, none_stop, none_due, none_share = flags.tolist()
+        return bool(all_ready), not none_stop, not none_due, not none_share
+
+    def gather(self, message: bytes) -> list[bytes]:
+        """Every rank's ``message``, in rank order: lengths, then the bytes padded to the longest, in two
+        all-gathers (raw bytes, never pickled: a rank unpickling another's objects would run its code)."""
+        size = self.world.size
+        length = torch.tensor([len(message)], dtype=torch.int64, device=self.device)
+        lengths = [torch.empty_like(length) for _ in range(size)]
+        dist.all_gather(lengths, length)
+        counts = [int(n) for n in lengths]
+        padded = torch.zeros(max(counts), dtype=torch.uint8)
+        if message:
+            padded[:len(message)] = torch.frombuffer(bytearray(message), dtype=torch.uint8)
+        padded = padded.to(self.device)
+        everyone = [torch.empty_like(padded) for _ in range(size)]
+        dist.all_gather(everyone, padded)
+        return [bytes(part[:count].cpu().numpy()) for part, count in zip(everyone, counts)]
 
     def extremes(self, value: int) -> tuple[int, int]:
         """The least and the greatest of ``value`` over the ranks."""

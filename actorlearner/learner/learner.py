@@ -82,8 +82,6 @@ class Learner:
             frame_stack = 0 if self.agents else frame_stack_of(env, config.frame_stack)
         finally:
             env.close()
-        if self.agents and self.world.size > 1:
-            raise ValueError("self-play (a multi-agent env) runs on one learner: world_size must be 1")
         self.env_spec = specs.env_spec(config.env, *spaces, self.agents)
         self.observation_space, self.action_space = spaces
 
@@ -119,10 +117,10 @@ class Learner:
         self.progress = Progress(config.logdir)
         self.replay = ReplayService(config, stored, self.frame_layout, self.device, self.stopping)
         self.broadcast = PolicyBroadcast(config.chunk_bytes)
-        self.roles = SelfPlay(config, eval_opponent, spaces, self.progress.telemetry, self.broadcast.nudge) \
-            if self.agents else Roles()
+        self.roles = SelfPlay(config, eval_opponent, spaces, self.progress.telemetry,
+                              lambda: self.publishing.nudge(), shared=self.world.size > 1) if self.agents else Roles()
         self.onnx_feed = OnnxFeed(self.broadcast, algorithm_spec.make_policy(device="cpu", seed=config.seed),
-                                  self.observation_space, self.action_space, config.chunk_bytes) \
+                                  self.observation_space, self.action_space, config.chunk_bytes, self.roles.league) \
             if eval_policy.can_export else None
         self.publishing = Publishing(self.broadcast, self.onnx_feed, self.roles)
         self.data_parallel = join_world(self.world, self.device, config.dist_timeout)
@@ -164,7 +162,7 @@ class Learner:
 
     def check_hello(self, hello: pb.Hello) -> Refusal | None:
         """Refuse a stream this learner cannot serve (see :func:`spec.check_hello`)."""
-        return check_hello(hello, self._spec, self.config.env, self.onnx_feed is not None, self.roles.refuse_hello)
+        return check_hello(hello, self._spec, self.config.env, self.onnx_feed is not None)
 
     def spec(self) -> pb.LearnerSpec:
         """What an actor must send and will receive (the ``GetSpec`` answer); runtime parameters change its algorithm_config."""
@@ -181,9 +179,9 @@ class Learner:
     def disconnect(self, session: ActorSession) -> None:
         self.registry.disconnect(session)
 
-    def feed(self) -> StreamFeed:
-        """What the roles send on a new stream besides policies and Welcomes."""
-        return self.roles.feed()
+    def feed(self, onnx: bool) -> StreamFeed:
+        """What the roles send on a new stream besides policies and Welcomes; ``onnx``: it takes ONNX models."""
+        return self.roles.feed(onnx)
 
     def welcome(self, session: ActorSession, version: int) -> pb.Welcome:
         """The settings an actor must use, and ``version``, the policy it receives next."""

@@ -14,9 +14,7 @@ from actorlearner.evaluation import EvalResult
 from actorlearner.league import League
 from actorlearner.league.evaluation import evaluate_league
 from actorlearner.league.opponents import load_scripted
-from actorlearner.learner.spec import Refusal
 from actorlearner.metrics import Metric
-from actorlearner.streaming.broadcast import ONNX_FORMAT
 from actorlearner.telemetry import Telemetry
 from actorlearner.v1 import learner_pb2 as pb
 
@@ -36,10 +34,11 @@ class StreamFeed:
 
 
 class LeagueFeed(StreamFeed):
-    """The league on one stream: each new revision, with the snapshots' weights this stream has not had."""
+    """The league on one stream: each new revision, with the snapshots' weights (``onnx``: their ONNX
+    models) this stream has not had."""
 
-    def __init__(self, league: League):
-        self.league = league
+    def __init__(self, league: League, onnx: bool):
+        self.league, self.onnx = league, onnx
         self.revision = 0  # the league's revision last sent
         self.snapshots_sent: set[str] = set()
 
@@ -47,7 +46,7 @@ class LeagueFeed(StreamFeed):
         return self.league.revision > self.revision
 
     def messages(self) -> list[pb.LearnerMessage]:
-        self.revision, messages = self.league.menu(self.snapshots_sent)
+        self.revision, messages = self.league.menu(self.snapshots_sent, self.onnx)
         return list(messages)
 
 
@@ -56,13 +55,9 @@ class Roles:
 
     league: League | None = None
 
-    def feed(self) -> StreamFeed:
-        """What this role sends on a new stream (see :class:`StreamFeed`)."""
+    def feed(self, onnx: bool) -> StreamFeed:
+        """What this role sends on a new stream (see :class:`StreamFeed`); ``onnx``: it takes ONNX policies."""
         return StreamFeed()
-
-    def refuse_hello(self, hello: pb.Hello) -> Refusal | None:
-        """A reason this role cannot serve the stream ``hello`` opens, or None."""
-        return None
 
     def check_batch(self, batch: pb.TrajectoryBatch) -> None:
         """WireError for a batch this role cannot take, before anything is stored."""
@@ -74,6 +69,14 @@ class Roles:
 
     def published(self, version: int, payload: bytes) -> None:
         """The learner published ``version`` as ``payload``."""
+
+    def share_due(self) -> bool:
+        """Data-parallel: whether this rank has something for :meth:`share`."""
+        return False
+
+    def share(self, gather: Callable[[bytes], list[bytes]]) -> None:
+        """Data-parallel: called by every rank's trainer at the same round when any rank's :meth:`share_due`;
+        ``gather`` is the collective that gives every rank's bytes, in rank order."""
 
     def welcome(self, settings: pb.Settings) -> None:
         """Add this role's settings to those a Welcome sends."""
@@ -105,24 +108,18 @@ class Roles:
 
 class SelfPlay(Roles):
     """Self-play: a league of snapshots and scripted players the actors' opponents are drawn from, and
-    evaluation games against them. Its actors (directly or through relays, which pass the league on) take
-    state_dict policies."""
+    evaluation games against them. Its actors connect directly or through relays (which pass the league
+    on), and take state dicts or ONNX models; ``shared``: one league for every data-parallel rank."""
 
     def __init__(self, config: LearnerConfig, opponent: Any, spaces: tuple, telemetry: Telemetry,
-                 on_change: Callable[[], None]):
+                 on_change: Callable[[], None], shared: bool):
         self.config, self.opponent, self.spaces, self.telemetry = config, opponent, spaces, telemetry
-        self.league = League(config.league, config.chunk_bytes, on_change)
+        self.league = League(config.league, config.chunk_bytes, on_change, shared)
         for script in config.league.evaluated_players():  # fail now, not in an actor
             load_scripted(script, *spaces, config.seed)
 
-    def feed(self) -> LeagueFeed:
-        return LeagueFeed(self.league)
-
-    def refuse_hello(self, hello: pb.Hello) -> Refusal | None:
-        if hello.policy_format == ONNX_FORMAT:
-            return Refusal("FAILED_PRECONDITION", "this learner keeps a self-play league: its actors take "
-                                                  "state_dict policies (no onnx)")
-        return None
+    def feed(self, onnx: bool) -> LeagueFeed:
+        return LeagueFeed(self.league, onnx)
 
     def check_batch(self, batch: pb.TrajectoryBatch) -> None:
         self.league.check(batch)
@@ -132,6 +129,12 @@ class SelfPlay(Roles):
 
     def published(self, version: int, payload: bytes) -> None:
         self.league.published(version, payload)
+
+    def share_due(self) -> bool:
+        return self.league.share_due()
+
+    def share(self, gather: Callable[[bytes], list[bytes]]) -> None:
+        self.league.share(gather)
 
     def welcome(self, settings: pb.Settings) -> None:
         settings.league.CopyFrom(pb.LeagueSettings(

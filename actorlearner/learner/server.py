@@ -112,7 +112,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         onnx = hello.policy_format == ONNX_FORMAT
         stream = LearnerServedStream(self.learner.connect(hello),
                                       self.learner.onnx_feed.broadcast if onnx else self.learner.broadcast, context,
-                                      self.learner.feed())
+                                      self.learner.feed(onnx))
         followers = self._followers[stream.broadcast].streams
         followers.add(stream)
         reader = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,11 +30,10 @@ def _describe_fields(fields) -> str:
     return ", ".join(f"{f.name}:{f.dtype}{list(f.shape)}" for f in fields)
 
 
-def check_hello(hello: pb.Hello, spec: pb.LearnerSpec, env_name: str, onnx: bool,
-                refuse_role: Callable[[pb.Hello], Refusal | None]) -> Refusal | None:
+def check_hello(hello: pb.Hello, spec: pb.LearnerSpec, env_name: str, onnx: bool) -> Refusal | None:
     """Refuse a stream whose protocol or env spec differs from ``spec``, or whose actor holds a policy or
     batches of another algorithm or batch layout; or asks for ONNX policies this learner (``onnx``) cannot
-    send; or that one of the learner's roles cannot serve (``refuse_role``'s reason)."""
+    send."""
     if not hello.actor_id:
         return Refusal("INVALID_ARGUMENT", "Hello.actor_id must not be empty")
     if hello.protocol_version != wire.PROTOCOL_VERSION:
@@ -54,9 +52,6 @@ def check_hello(hello: pb.Hello, spec: pb.LearnerSpec, env_name: str, onnx: bool
     if hello.policy_format == ONNX_FORMAT and not onnx:
         return Refusal("FAILED_PRECONDITION", f"algorithm {spec.algorithm!r} has no export_policy: "
                                               "this learner cannot send its policy as ONNX")
-    refusal = refuse_role(hello)
-    if refusal is not None:
-        return refusal
     if hello.batch_fields and list(hello.batch_fields) != list(spec.batch_fields):
         return Refusal("FAILED_PRECONDITION", f"the actor holds batches with fields "
                                               f"{_describe_fields(hello.batch_fields)}; this learner expects "

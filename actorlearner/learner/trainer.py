@@ -39,6 +39,7 @@ class TrainingLoop:
     def __init__(self, config: LearnerConfig, algorithm: Any, replay: ReplayService, publishing: Publishing,
                  data_parallel: SingleRank, progress: Progress, stopping: threading.Event):
         self.config, self.algorithm, self.replay, self.publishing = config, algorithm, replay, publishing
+        self.roles = publishing.roles  # told of each version; data-parallel, they share state at agreed rounds
         self.data_parallel, self.progress, self.stopping = data_parallel, progress, stopping
         # Data-parallel ranks agree between the sample and the update: their steps run eagerly.
         self.step = LearnerStep(algorithm, replay.buffer, config.batch_size,
@@ -90,7 +91,8 @@ class TrainingLoop:
 
         Data-parallel, the ranks first agree in one all-reduce: update only if every rank has a
         sample (else the sample's limiter credit is given back), stop if any is stopping, checkpoint
-        if any's is due. A sample given back this way still counts towards beta's annealing.
+        if any's is due, and share the roles' state (the league's results) if any's is due or all
+        stop. A sample given back this way still counts towards beta's annealing.
         """
         with self.replay.credit(self.config.batch_size, SAMPLE_WAIT_SECONDS) if train else _NO_CREDIT as credit:
             if credit and self.step.capture:  # one device program: nothing to agree on between its parts
@@ -99,19 +101,26 @@ class TrainingLoop:
                 if updated:
                     credit.spend()
                     self._updated()
-                return self.data_parallel.agree(updated, self.stopping.is_set(), checkpoint_due)
+                return self._agree(updated, checkpoint_due)
             sample = None
             if credit:
                 with self.replay.locked():
                     sample = self.step.sample(self._min_version())  # None: every item is past max_policy_lag
-            ready, stop, checkpoint_due = self.data_parallel.agree(sample is not None, self.stopping.is_set(),
-                                                                   checkpoint_due)
+            ready, stop, checkpoint_due = self._agree(sample is not None, checkpoint_due)
             if not ready:
                 return False, stop, checkpoint_due
             credit.spend()
         self.step.learn(sample, self.update_lock, self.replay.locked())
         self._updated()
         return True, stop, checkpoint_due
+
+    def _agree(self, ready: bool, checkpoint_due: bool) -> tuple[bool, bool, bool]:
+        """(every rank ready, any stopping, any checkpoint due); the roles' state shared on the way."""
+        ready, stop, checkpoint_due, share = self.data_parallel.agree(ready, self.stopping.is_set(), checkpoint_due,
+                                                                      self.roles.share_due())
+        if share or (stop and self.data_parallel.world.size > 1):
+            self.roles.share(self.data_parallel.gather)
+        return ready, stop, checkpoint_due
 
     def _min_version(self) -> int | None:
         lag = self.config.max_policy_lag

@@ -9,26 +9,10 @@ from actorlearner.relay.server import serve as serve_relay
 from actorlearner.transport import SecurityConfig, open_channel
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
-from league_streams import game, ttt_batch, ttt_hello, ttt_learner_at
+from league_streams import game, snapshots_then_menu, ttt_batch, ttt_hello, ttt_learner_at
 from multiagent_envs import RANDOM
 from procs import start_relay, stop, wait_until
 from streams import RawStream
-
-
-def snapshots_then_menu(stream: RawStream, menu_size: int) -> tuple[list[tuple[str, int]], list[str]]:
-    """The snapshot weights a stream got, as (opponent, version), until a menu of ``menu_size`` opponents; and
-    that menu's ids. Snapshot chunks must all come before the menu that names them."""
-    snapshots: list[tuple[str, int]] = []
-    while True:
-        message = stream.next()
-        kind = message.WhichOneof("kind")
-        if kind == "policy_update" and message.policy_update.opponent:
-            snapshots.append((message.policy_update.opponent, message.policy_update.version))
-        elif kind == "league":
-            ids = [o.id for o in message.league.opponents]
-            assert {s for s, _ in snapshots} >= set(ids) - {SELF, RANDOM}, (ids, snapshots)
-            if len(ids) == menu_size:
-                return snapshots, ids
 
 
 def welcomed(address: str, hello: pb.ActorMessage) -> RawStream:
@@ -55,11 +39,11 @@ def test_a_relay_passes_the_league_on_each_snapshot_once_per_stream(tmp_path):
                 learner.progress.version = version
                 learner.training.publish(); learner.publishing.flush()
             snapshots, menu = snapshots_then_menu(early, 4)
-            assert snapshots == [("v2", 2), ("v4", 4)] and menu == [SELF, RANDOM, "v2", "v4"]
+            assert [(s, v) for s, v, _ in snapshots] == [("v2", 2), ("v4", 4)] and menu == [SELF, RANDOM, "v2", "v4"]
             late = RawStream(f"127.0.0.1:{relay_port}", ttt_hello("late"))  # joins after both snapshots
             assert late.next("welcome").welcome.settings.league.enabled
             snapshots, menu = snapshots_then_menu(late, 4)
-            assert sorted(snapshots) == [("v2", 2), ("v4", 4)] and menu == [SELF, RANDOM, "v2", "v4"]
+            assert sorted((s, v) for s, v, _ in snapshots) == [("v2", 2), ("v4", 4)] and menu == [SELF, RANDOM, "v2", "v4"]
             by_id = {a.actor_id: a for a in learner.status().actors}
             assert by_id["early"].via == "league-relay" and by_id["league-relay"].relay
             with open_channel(f"127.0.0.1:{relay_port}", SecurityConfig(), []) as channel:  # status at the relay
@@ -76,9 +60,9 @@ def test_games_acked_through_a_relay_killed_mid_game_count_once(tmp_path):
         try:
             stream = welcomed(f"127.0.0.1:{relay_port}", ttt_hello("p1"))
             first = [game(RANDOM, pb.OUTCOME_WIN), game(SELF, pb.OUTCOME_DRAW, seat="o")]
-            stream.send(ttt_batch(learner, 1, first, [RANDOM, SELF]))
+            stream.send(ttt_batch(learner.fields, 1, first, [RANDOM, SELF]))
             assert stream.next("ack").ack.seq == 1
-            stream.send(ttt_batch(learner, 2, [game(RANDOM, pb.OUTCOME_LOSS)], [RANDOM]))
+            stream.send(ttt_batch(learner.fields, 2, [game(RANDOM, pb.OUTCOME_LOSS)], [RANDOM]))
             wait_until(lambda: learner.status().league.games == 3, 60, "the learner to count batch 2's game")
             relay.kill()  # batch 2 stored; its ack may never reach the actor
             relay.wait()
@@ -86,8 +70,8 @@ def test_games_acked_through_a_relay_killed_mid_game_count_once(tmp_path):
         finally:
             stop(relay)
         # The actor resends its window (batch 2) to the learner itself, then plays on.
-        direct = RawStream(address, ttt_hello("p1"), ttt_batch(learner, 2, [game(RANDOM, pb.OUTCOME_LOSS)], [RANDOM]),
-                           ttt_batch(learner, 3, [game(RANDOM, pb.OUTCOME_WIN)], [RANDOM]))
+        direct = RawStream(address, ttt_hello("p1"), ttt_batch(learner.fields, 2, [game(RANDOM, pb.OUTCOME_LOSS)], [RANDOM]),
+                           ttt_batch(learner.fields, 3, [game(RANDOM, pb.OUTCOME_WIN)], [RANDOM]))
         assert direct.next("ack").ack.reason == "duplicate"
         assert direct.next("ack").ack.seq == 3
         league = learner.status().league

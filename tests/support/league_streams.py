@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -13,6 +14,7 @@ from actorlearner.learner.learner import Learner
 from actorlearner.learner.server import serve
 from actorlearner.v1 import learner_pb2 as pb
 from multiagent_envs import RANDOM, TICTACTOE
+from streams import RawStream
 
 
 def game(opponent: str, outcome: int, seat: str = "x", length: int = 5) -> pb.GameResult:
@@ -35,8 +37,15 @@ def ttt_hello(actor_id: str, **fields) -> pb.ActorMessage:
                                           algorithm="dqn", env_spec=spec, policy_version=-1, **fields))
 
 
-def ttt_batch(learner: Learner, seq: int, games: list[pb.GameResult], opponents: list[str], n: int = 8) -> pb.ActorMessage:
-    fields = {name: np.zeros((n, *shape), wire.np_dtype(dtype)) for name, (shape, dtype) in learner.fields.items()}
+def spec_fields(spec: pb.LearnerSpec) -> dict[str, tuple[tuple[int, ...], str]]:
+    """A learner's batch fields as its GetSpec answer gives them (what ``Learner.fields`` holds in-process)."""
+    return {f.name: (tuple(f.shape), f.dtype) for f in spec.batch_fields}
+
+
+def ttt_batch(fields: Mapping[str, tuple], seq: int, games: list[pb.GameResult], opponents: list[str],
+              n: int = 8) -> pb.ActorMessage:
+    """A batch of ``n`` zero transitions with the layout ``fields`` (name -> (shape, dtype)), carrying ``games``."""
+    fields = {name: np.zeros((n, *shape), wire.np_dtype(dtype)) for name, (shape, dtype) in fields.items()}
     fields["discount"][:] = 0.99
     return pb.ActorMessage.FromString(wire.encode_batch_message(
         seq, 0, n, wire.encode_batch(fields), wire.Codec.MSGPACK, [1.0] * n, games, opponents))
@@ -51,3 +60,25 @@ def ttt_learner_at(tmp_path, **overrides):
             yield learner, f"127.0.0.1:{port}"
     finally:
         learner.stop()
+
+
+def snapshots_then_menu(stream: RawStream, menu_size: int) -> tuple[list[tuple[str, int, bytes]], list[str]]:
+    """The snapshots a stream got, as (opponent, version, whole payload), until a menu of ``menu_size``
+    opponents; and that menu's ids. Every snapshot a menu names must have come whole before it."""
+    snapshots: list[tuple[str, int, bytes]] = []
+    assembler = wire.ChunkAssembler()
+    while True:
+        message = stream.next()
+        kind = message.WhichOneof("kind")
+        if kind == "policy_update" and message.policy_update.opponent:
+            update = message.policy_update
+            payload = assembler.add(update.version, update.chunk_index, update.chunk_count, update.total_bytes,
+                                    update.payload)
+            if payload is not None:
+                snapshots.append((update.opponent, update.version, payload))
+        elif kind == "league":
+            ids = [o.id for o in message.league.opponents]
+            assert {s for s, _, _ in snapshots} >= {o.id for o in message.league.opponents if o.version >= 0}, \
+                (ids, [(s, v) for s, v, _ in snapshots])
+            if len(ids) == menu_size:
+                return snapshots, ids
