@@ -1,33 +1,46 @@
 """Tic-tac-toe learned by self-play: Elo and win-or-draw rates against wall time, beside a minimax player.
 
-For each seed, starts a real ``actorlearner learner`` (the settings of the learning test in
+For each seed, starts real ``actorlearner learner`` processes (the settings of the learning test in
 tests/league/test_selfplay.py: DQN against itself and its own snapshots only) and two ``actorlearner
-actor`` processes of 4 envs, polls GetStatus every 2 s for ``--seconds`` of wall time
-(env steps, the policy's Elo, snapshots held, the latest evaluation's win/draw/loss against
-random_player, heuristic_player and the newest snapshot), then stops them with SIGTERM and
-checks their exit codes. The reference, measured in the same run: a perfect player (negamax
-over every board), playing the same number of games per scripted player, seats alternated.
-Tic-tac-toe is a draw under perfect play, so a perfect player never loses. Writes a JSON of
-every curve and a PNG to ``--out``:
+actor`` processes of 4 envs, connected as ``--via`` says: ``direct`` (both actors to one learner),
+``relay`` (both to one ``actorlearner relay`` in front of the learner) or ``ranks`` (two data-parallel
+learners, ``--world-size 2``, one actor each). The learner flags are the same in every mode, so each
+rank's one actor takes exploration index 0 of ``--num-actors 2``, as the first of the other modes'
+two does. It polls GetStatus every 2 s for ``--seconds`` of wall time (env steps, the policy's Elo,
+snapshots held, the latest evaluation's win/draw/loss against random_player, heuristic_player and
+the newest snapshot), then stops every process with SIGTERM and checks the exit codes. With
+``ranks`` all of it is rank 0's but env steps: a learner counts only the steps of its own actors'
+batches (learner/progress.py), so they are summed over the ranks. A process that exits early or
+prints no port ends the script with its log's tail. The reference, measured in the same run: a
+perfect player (negamax over every board), playing the same number of games per scripted player,
+seats alternated. Tic-tac-toe is a draw under perfect play, so a perfect player never loses. Writes
+a JSON of every curve and a PNG to ``--out`` (``tictactoe_selfplay[_relay|_ranks]``):
 
     python benchmarks/bench_selfplay.py --seeds 0,1,2 --seconds 180 --out benchmarks/selfplay
+    python benchmarks/bench_selfplay.py --via relay --seeds 0,1,2 --seconds 180 --out benchmarks/selfplay
+    python benchmarks/bench_selfplay.py --via ranks --seeds 0,1,2 --seconds 180 --out benchmarks/selfplay
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import queue
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import TextIO
 
 import grpc
 import numpy as np
@@ -46,6 +59,11 @@ EVAL_GAMES = 100
 LEARNER_FLAGS = ["--env", ENV, "--num-actors", "2", "--min-replay-size", "1000", "--eval-every", "8",
                  "--league-eval-scripted", f"{RANDOM},{HEURISTIC}", "--league-eval-games", str(EVAL_GAMES),
                  "--league-eval-snapshots", "1", "--league-max-snapshots", "8", "--league-opponent-exploration", "0.2"]
+VIA = {"direct": "the two actors connect to the learner",
+       "relay": "the two actors connect to one `actorlearner relay`, which connects to the learner",
+       "ranks": "two data-parallel learners (--world-size 2), one actor each; status from rank 0, env steps "
+                "summed over the ranks"}
+LISTENING = re.compile(r"listening on [\d.]+:(\d+)")  # a server's first line with --port 0
 FACT = "tic-tac-toe is a draw under perfect play: a perfect player never loses (win-or-draw 100% against anyone)"
 
 
@@ -116,11 +134,101 @@ def minimax_reference(seed: int, games: int) -> dict:
 
 # -- the learning runs --------------------------------------------------------------------------
 
+@dataclass
+class Child:
+    """A process of a run: its log (stdout and stderr); a server's first line of output goes to ``first`` too."""
+    name: str
+    cmd: list[str]
+    popen: subprocess.Popen
+    log: TextIO
+    first: queue.Queue | None = None
+    drain: threading.Thread | None = None
+
+    def tail(self, lines: int = 20) -> str:
+        """The last ``lines`` of the log, once the process has exited (10 s at most)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(10)
+        if self.drain:
+            self.drain.join(5)
+        text = Path(self.log.name).read_text(errors="replace").splitlines()[-lines:]
+        return "\n".join(f"  | {line}" for line in text) or "  (an empty log)"
+
+
+def spawn(name: str, cmd: list[str], log: Path, env: dict, server: bool) -> Child:
+    """``cmd`` as a process logging to ``log``; a ``server`` prints its port first (``--port 0``)."""
+    out = open(log, "w", buffering=1)
+    if not server:
+        return Child(name, cmd, subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env), out)
+    popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=out, text=True, cwd=REPO, env=env)
+    child = Child(name, cmd, popen, out, queue.Queue())
+
+    def drain():
+        line = popen.stdout.readline()
+        out.write(line)
+        child.first.put(line)
+        out.writelines(popen.stdout)
+    child.drain = threading.Thread(target=drain, daemon=True)
+    child.drain.start()
+    return child
+
+
+def check_running(children: list[Child]) -> None:
+    for child in children:
+        if child.popen.poll() is not None:
+            raise RuntimeError(f"{child.name} exited early with code {child.popen.returncode}:\n{child.tail()}")
+
+
+def ports(servers: list[Child], children: list[Child], timeout: float = 300) -> list[int]:
+    """The port each of ``servers`` prints first; RuntimeError with a log's tail when one prints anything else,
+    or any of ``children`` exits meanwhile, or ``timeout`` passes."""
+    deadline, found = time.monotonic() + timeout, []
+    for server in servers:
+        while True:
+            try:
+                line = server.first.get(timeout=0.5)
+                break
+            except queue.Empty:
+                check_running(children)
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{server.name} printed no port in {timeout:.0f} s:\n{server.tail()}") from None
+        match = LISTENING.search(line)
+        if not match:
+            tail = server.tail()  # once it has exited, if it does
+            said = f"its first line: {line.strip()!r}" if line else f"it exited with code {server.popen.returncode}"
+            raise RuntimeError(f"{server.name} did not report its port ({said}):\n{tail}")
+        found.append(int(match.group(1)))
+    return found
+
+
+def stop(children: list[Child]) -> dict:
+    """SIGTERM to each, the last started first; their exit codes (SIGKILL after 60 s)."""
+    for child in reversed(children):
+        if child.popen.poll() is None:
+            child.popen.send_signal(signal.SIGTERM)
+    codes = {}
+    for child in reversed(children):
+        try:
+            codes[child.name] = child.popen.wait(60)
+        except subprocess.TimeoutExpired:
+            child.popen.kill()
+            codes[child.name] = f"killed ({child.popen.wait()})"
+        if child.drain:
+            child.drain.join(10)
+        child.log.close()
+    return codes
+
+
 def child_env() -> dict:
     """The children's environment: the repo importable, no ACTORLEARNER_* settings from this shell."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACTORLEARNER_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     return env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def win_or_draw(record: dict) -> float:
@@ -132,45 +240,49 @@ def get_status(port: int) -> pb.StatusResponse:
         return pb_grpc.LearnerStub(channel).GetStatus(pb.StatusRequest(), timeout=5)
 
 
-def run_seed(seed: int, seconds: float, logs: Path, echo: bool, interval: float = 2.0) -> dict:
-    """One learner and two actors for ``seconds`` of wall time: a point per poll, an evaluation per new one."""
-    env = child_env()
-    learner_cmd = [sys.executable, "-m", "actorlearner", "learner", "--port", "0", *LEARNER_FLAGS[:2],
-                   "--seed", str(seed), *LEARNER_FLAGS[2:]]
+def run_seed(seed: int, seconds: float, via: str, logs: Path, echo: bool, interval: float = 2.0) -> dict:
+    """The learner(s), relay if any, and two actors for ``seconds`` of wall time: a point per poll, an evaluation
+    per new one."""
+    env, module = child_env(), [sys.executable, "-m", "actorlearner"]
+    learner_cmd = [*module, "learner", "--port", "0", *LEARNER_FLAGS[:2], "--seed", str(seed), *LEARNER_FLAGS[2:]]
+    if via == "ranks":
+        address = f"127.0.0.1:{free_port()}"
+        learners = [(f"learner-rank{rank}", [*learner_cmd, "--world-size", "2", "--rank", str(rank), "--dist-address",
+                                              address], {**env, "LOCAL_RANK": str(rank)}) for rank in range(2)]
+    else:
+        learners = [("learner", learner_cmd, env)]
     load = os.getloadavg()[0]
     start = time.monotonic()
-    learner_log = open(logs / f"seed{seed}_learner.log", "w")
-    learner = subprocess.Popen(learner_cmd, stdout=subprocess.PIPE, stderr=learner_log, text=True, cwd=REPO, env=env)
-    line = learner.stdout.readline()
-    match = re.search(r"listening on [\d.]+:(\d+)", line)
-    if not match:
-        learner.kill()
-        raise RuntimeError(f"seed {seed}: the learner did not report its port: {line!r} (see {learner_log.name})")
-    port = int(match.group(1))
-    drain = threading.Thread(target=lambda: learner_log.writelines(learner.stdout), daemon=True)
-    drain.start()
-    actor_cmds = [[sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
-                   "--actor-id", f"player-{i}", "--env", ENV, "--num-envs", "4", "--seed", str(i)] for i in range(2)]
-    actor_logs = [open(logs / f"seed{seed}_actor{i}.log", "w") for i in range(2)]
-    actors = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-              for cmd, log in zip(actor_cmds, actor_logs)]
-    points, evaluations, seen = [], [], 0
+    children, points, evaluations, seen = [], [], [], 0
     try:
+        for name, cmd, learner_env in learners:  # every rank before any port: a rank serves once the world has met
+            children.append(spawn(name, cmd, logs / f"seed{seed}_{name}.log", learner_env, server=True))
+        learner_ports = upstream = ports(children, children)
+        if via == "relay":
+            relay_cmd = [*module, "relay", "--upstream", f"127.0.0.1:{learner_ports[0]}", "--port", "0",
+                         "--relay-id", "selfplay-relay"]
+            children.append(spawn("relay", relay_cmd, logs / f"seed{seed}_relay.log", env, server=True))
+            upstream = ports(children[-1:], children)
+        for i in range(2):
+            cmd = [*module, "actor", "--learner", f"127.0.0.1:{upstream[i % len(upstream)]}", "--actor-id",
+                   f"player-{i}", "--env", ENV, "--num-envs", "4", "--seed", str(i)]
+            children.append(spawn(f"actor{i}", cmd, logs / f"seed{seed}_actor{i}.log", env, server=False))
         next_poll = start
         while (now := time.monotonic()) - start < seconds:
-            if any(p.poll() is not None for p in (learner, *actors)):
-                raise RuntimeError(f"seed {seed}: a process exited early (see the logs in {logs})")
+            check_running(children)
             time.sleep(max(0.0, next_poll - now))
             next_poll += interval
             try:
-                status = get_status(port)
+                statuses = [get_status(port) for port in learner_ports]
             except grpc.RpcError:
                 continue  # busy or not serving yet: the next poll
-            league = status.league
+            status, league = statuses[0], statuses[0].league
             records = {r.opponent: {"wins": r.wins, "draws": r.draws, "losses": r.losses} for r in league.evaluation}
-            point = {"seconds": round(time.monotonic() - start, 2), "env_steps": status.env_steps,
+            point = {"seconds": round(time.monotonic() - start, 2), "env_steps": sum(s.env_steps for s in statuses),
                      "rating": round(league.rating, 2), "snapshots": league.snapshots, "games": league.games,
                      "evaluations": status.evaluations, "evaluation": records}
+            if len(statuses) > 1:
+                point["env_steps_by_rank"] = [s.env_steps for s in statuses]
             points.append(point)
             if status.evaluations > seen and records:
                 seen = status.evaluations
@@ -187,26 +299,13 @@ def run_seed(seed: int, seconds: float, logs: Path, echo: bool, interval: float 
                           + (f", {snapshot} {evaluation['snapshot']['win_or_draw']:.2f}" if snapshot else ""),
                           file=sys.stderr, flush=True)
     finally:
-        for proc in (*actors, learner):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        codes = []
-        for proc in (*actors, learner):
-            try:
-                codes.append(proc.wait(60))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                codes.append(f"killed ({proc.wait()})")
-        drain.join(10)
-        for log in (learner_log, *actor_logs):
-            log.close()
+        codes = stop(children)
     reached = next((e for e in evaluations if all(e[k]["win_or_draw"] >= bar for k, bar in BARS.items())), None)
     first = {k: next(({"seconds": e["seconds"], "env_steps": e["env_steps"]} for e in evaluations
                       if e[k]["win_or_draw"] >= bar), None) for k, bar in BARS.items()}
     last = evaluations[-1] if evaluations else None
-    return {"seed": seed, "learner": " ".join(learner_cmd), "actors": [" ".join(c) for c in actor_cmds],
-            "exit_codes": {"actors": codes[:2], "learner": codes[2]}, "load_average_at_start": load,
-            "wall_seconds": round(time.monotonic() - start, 1),
+    return {"seed": seed, "commands": {c.name: " ".join(c.cmd) for c in children}, "exit_codes": codes,
+            "load_average_at_start": load, "wall_seconds": round(time.monotonic() - start, 1),
             "both_bars": {"seconds": reached["seconds"], "env_steps": reached["env_steps"]} if reached else None,
             "first_at_bar": first,
             "final": {"seconds": points[-1]["seconds"], "env_steps": points[-1]["env_steps"],
@@ -287,6 +386,8 @@ def plot(runs: list[dict], reference: dict, path: Path, title: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated learner seeds, one run each")
+    parser.add_argument("--via", choices=VIA, default="direct",
+                        help="how the actors reach the learner: " + "; ".join(f"{k}: {v}" for k, v in VIA.items()))
     parser.add_argument("--seconds", type=float, default=180.0, help="wall seconds per run")
     parser.add_argument("--out", type=Path, default=HERE / "selfplay", help="directory for the JSON and PNG")
     parser.add_argument("--logs", type=Path, default=None, help="directory for the processes' logs [a temp dir]")
@@ -294,15 +395,15 @@ def main() -> None:
     parser.add_argument("--replot", type=Path, default=None,
                         help="run nothing: summarize and plot the runs of this JSON again (into the same directory)")
     args = parser.parse_args()
-    name = "tictactoe_selfplay"
-    title = "Tic-tac-toe, DQN by self-play ({} seeds, {:.0f} s each): Elo and win-or-draw against scripted players never trained against"
+    title = ("Tic-tac-toe, DQN by self-play via {} ({} seeds, {:.0f} s each): Elo and win-or-draw against scripted "
+             "players never trained against")
     if args.replot:
         result = json.loads(args.replot.read_text())
         runs, minimax = result["runs"], result["minimax"]
         result["summary"] = summarize(runs, minimax)
         args.replot.write_text(json.dumps(result, indent=1))
         plot(runs, result["summary"]["minimax_pooled"], args.replot.with_suffix(".png"),
-             title.format(len(runs), result["seconds"]))
+             title.format(result.get("via", "direct"), len(runs), result["seconds"]))
         print(json.dumps(result["summary"]))
         return
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -314,17 +415,21 @@ def main() -> None:
     minimax = {seed: minimax_reference(seed, EVAL_GAMES) for seed in seeds}  # before the runs: none share the cores
     runs = []
     for seed in seeds:
-        run = run_seed(seed, args.seconds, logs, echo=not args.quiet)
+        try:
+            run = run_seed(seed, args.seconds, args.via, logs, echo=not args.quiet)
+        except RuntimeError as error:
+            sys.exit(f"seed {seed}, via {args.via}: {error}")
         print(f"seed {seed}: exit codes {run['exit_codes']}, both bars {run['both_bars']}, final {run['final']}",
               file=sys.stderr, flush=True)
         runs.append(run)
     summary = summarize(runs, minimax)
     result = {"command": " ".join(["python", "benchmarks/bench_selfplay.py", *sys.argv[1:]]), "commit": commit.strip(),
-              "date": time.strftime("%Y-%m-%d"), "seconds": args.seconds, "eval_games": EVAL_GAMES,
+              "via": args.via, "date": time.strftime("%Y-%m-%d"), "seconds": args.seconds, "eval_games": EVAL_GAMES,
               "bars": BARS, "fact": FACT, "summary": summary,
               "minimax": {str(seed): m for seed, m in minimax.items()}, "logs": str(logs), "runs": runs}
+    name = "tictactoe_selfplay" + ("" if args.via == "direct" else f"_{args.via}")
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=1))
-    plot(runs, summary["minimax_pooled"], args.out / f"{name}.png", title.format(len(runs), args.seconds))
+    plot(runs, summary["minimax_pooled"], args.out / f"{name}.png", title.format(args.via, len(runs), args.seconds))
     print(json.dumps({"summary": summary, "final": {r["seed"]: r["final"] for r in runs},
                       "both_bars": {r["seed"]: r["both_bars"] for r in runs},
                       "exit_codes": {r["seed"]: r["exit_codes"] for r in runs}}))
