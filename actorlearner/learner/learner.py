@@ -136,9 +136,10 @@ class Learner:
         self.progress.gauge(self.roles.scalars)
         self.progress.telemetry.text(telemetry.HYPERPARAMETERS, _hyperparameters_table(config, self.algorithm_config))
 
-        self.data_parallel.check_same("algorithm, its options, batch_size, publish_every or max_updates", repr(
-            (config.algorithm, config_json(self.algorithm_config), config.batch_size, config.publish_every,
-             config.max_updates)))
+        self.data_parallel.check_same("env spec, algorithm, its options, batch_size, publish_every, max_updates or "
+                                      "league settings", repr(
+            (self.env_spec.SerializeToString(deterministic=True), config.algorithm, config_json(self.algorithm_config),
+             config.batch_size, config.publish_every, config.max_updates, config.league)))
         self.data_parallel.average_gradients(self.algorithm)
         self._restore()
         self.data_parallel.broadcast_state(self.algorithm)

@@ -1,0 +1,103 @@
+"""Race to 10 as a two-player, turn-based multi-agent env, with two scripted players.
+
+Use it as ``--env actorlearner.envs.race:race_to_10``, with ``--league-eval-scripted
+actorlearner.envs.race:random_player,actorlearner.envs.race:perfect_player`` (players to be measured against).
+
+Two players, ``first`` and ``second``, take turns adding 1 (action 0) or 2 (action 1) to a count
+that starts at 0; whoever brings it to exactly 10 wins (+1, the other -1). The player to move sees
+``observation``, the count one-hot over 0..10 (11 floats), and ``action_mask``, 1 for each move
+that stays within 10. A move past 10 loses the game on the spot. Moving to 1, 4, 7, 10 wins: the
+first mover wins under perfect play.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gymnasium import spaces
+
+GOAL = 10
+PLAYERS = ("first", "second")
+
+
+class RaceTo10:
+    """Two agents, ``first`` (moves first) and ``second``; only the player to move is observed each step."""
+
+    metadata = {"name": "race_to_10", "render_modes": []}
+
+    def __init__(self):
+        self.possible_agents = list(PLAYERS)
+        self.agents: list[str] = []
+        self._observation_space = spaces.Dict({"observation": spaces.Box(0.0, 1.0, (GOAL + 1,), np.float32),
+                                               "action_mask": spaces.MultiBinary(2)})
+        self._action_space = spaces.Discrete(2)
+        self.count = 0
+        self.to_move = 0
+
+    def observation_space(self, agent: str) -> spaces.Space:
+        return self._observation_space
+
+    def action_space(self, agent: str) -> spaces.Space:
+        return self._action_space
+
+    def reset(self, seed: int | None = None, options: dict | None = None):
+        self.count = 0
+        self.to_move = 0
+        self.agents = list(PLAYERS)
+        return {"first": observe(self.count)}, {"first": {}}
+
+    def step(self, actions):
+        if not self.agents:
+            raise RuntimeError("step after the game ended: reset first")
+        mover = PLAYERS[self.to_move]
+        if set(actions) != {mover}:
+            raise ValueError(f"it is {mover}'s move: expected an action for {mover} only, got {sorted(actions)}")
+        action = int(actions[mover])
+        if action not in (0, 1):
+            raise ValueError(f"action {action} is not 0 (add 1) or 1 (add 2)")
+        other = PLAYERS[1 - self.to_move]
+        if self.count + action + 1 > GOAL:
+            return self._end({mover: -1.0, other: 1.0}, {"illegal_move": action, "loser": mover})
+        self.count += action + 1
+        if self.count == GOAL:
+            return self._end({mover: 1.0, other: -1.0}, {"winner": mover})
+        self.to_move = 1 - self.to_move
+        return {other: observe(self.count)}, {mover: 0.0, other: 0.0}, \
+            {mover: False, other: False}, {mover: False, other: False}, {other: {}}
+
+    def close(self) -> None:
+        pass
+
+    def _end(self, rewards: dict, info: dict):
+        self.agents = []
+        return ({p: observe(self.count) for p in PLAYERS}, rewards, {p: True for p in PLAYERS},
+                {p: False for p in PLAYERS}, {p: dict(info) for p in PLAYERS})
+
+
+def observe(count: int) -> dict[str, np.ndarray]:
+    """What the player to move sees at ``count``."""
+    return {"observation": np.eye(GOAL + 1, dtype=np.float32)[count],
+            "action_mask": np.array([count + 1 <= GOAL, count + 2 <= GOAL], np.int8)}
+
+
+def race_to_10() -> RaceTo10:
+    return RaceTo10()
+
+
+def random_player(observation_space, action_space, seed: int = 0):
+    """A player that picks a uniformly random legal move."""
+    rng = np.random.default_rng(seed)
+
+    def act(observation):
+        return int(rng.choice(np.flatnonzero(observation["action_mask"])))
+    return act
+
+
+def perfect_player(observation_space, action_space, seed: int = 0):
+    """Moves to a count of 1 mod 3 (1, 4, 7, 10) when it can, else a random legal move."""
+    rng = np.random.default_rng(seed)
+
+    def act(observation):
+        count = int(np.argmax(observation["observation"]))
+        winning = [a for a in (0, 1) if count + a + 1 <= GOAL and (count + a + 1) % 3 == 1]
+        return winning[0] if winning else int(rng.choice(np.flatnonzero(observation["action_mask"])))
+    return act
