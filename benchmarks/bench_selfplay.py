@@ -4,9 +4,9 @@ For each seed, starts real ``actorlearner learner`` processes (the settings of t
 tests/league/test_selfplay.py: DQN against itself and its own snapshots only) and two ``actorlearner
 actor`` processes of 4 envs, connected as ``--via`` says: ``direct`` (both actors to one learner),
 ``relay`` (both to one ``actorlearner relay`` in front of the learner) or ``ranks`` (two data-parallel
-learners, ``--world-size 2``, one actor each). The learner flags are the same in every mode, so each
-rank's one actor takes exploration index 0 of ``--num-actors 2``, as the first of the other modes'
-two does. It polls GetStatus every 2 s for ``--seconds`` of wall time (env steps, the policy's Elo,
+learners, ``--world-size 2``, one actor each). The learner flags are the same in every mode but
+``--num-actors``, which counts one rank's actors: 1 per rank, so that the world's two actors explore
+as the other modes' two do (the exploration ladder spans the ranks). It polls GetStatus every 2 s for ``--seconds`` of wall time (env steps, the policy's Elo,
 snapshots held, the latest evaluation's win/draw/loss against random_player, heuristic_player and
 the newest snapshot), then stops every process with SIGTERM and checks the exit codes. With
 ``ranks`` all of it is rank 0's but env steps: a learner counts only the steps of its own actors'
@@ -247,8 +247,9 @@ def run_seed(seed: int, seconds: float, via: str, logs: Path, echo: bool, interv
     learner_cmd = [*module, "learner", "--port", "0", *LEARNER_FLAGS[:2], "--seed", str(seed), *LEARNER_FLAGS[2:]]
     if via == "ranks":
         address = f"127.0.0.1:{free_port()}"
-        learners = [(f"learner-rank{rank}", [*learner_cmd, "--world-size", "2", "--rank", str(rank), "--dist-address",
-                                              address], {**env, "LOCAL_RANK": str(rank)}) for rank in range(2)]
+        learners = [(f"learner-rank{rank}", [*learner_cmd, "--num-actors", "1", "--world-size", "2", "--rank",
+                                              str(rank), "--dist-address", address], {**env, "LOCAL_RANK": str(rank)})
+                    for rank in range(2)]
     else:
         learners = [("learner", learner_cmd, env)]
     load = os.getloadavg()[0]

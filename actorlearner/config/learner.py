@@ -66,7 +66,7 @@ class LearnerConfig:
     actor_priorities: bool = True
     """Actors compute initial priorities (Ape-X); otherwise new items get the max priority."""
     num_actors: int = 2
-    """Actors expected; the algorithm spreads its exploration over this many actor indices."""
+    """Actors expected (per data-parallel rank); the algorithm spreads its exploration over this many actor indices (times the ranks)."""
     max_message_bytes: int = 16 * 1024 * 1024
     """Largest gRPC message accepted or sent."""
     max_streams: int = 1024

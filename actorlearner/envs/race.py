@@ -15,62 +15,37 @@ from __future__ import annotations
 import numpy as np
 from gymnasium import spaces
 
+from actorlearner.envs.turns import TwoPlayerGame
+
 GOAL = 10
 PLAYERS = ("first", "second")
 
 
-class RaceTo10:
-    """Two agents, ``first`` (moves first) and ``second``; only the player to move is observed each step."""
+class RaceTo10(TwoPlayerGame):
+    """Two agents, ``first`` (moves first) and ``second``."""
 
     metadata = {"name": "race_to_10", "render_modes": []}
+    players = PLAYERS
 
     def __init__(self):
-        self.possible_agents = list(PLAYERS)
-        self.agents: list[str] = []
-        self._observation_space = spaces.Dict({"observation": spaces.Box(0.0, 1.0, (GOAL + 1,), np.float32),
-                                               "action_mask": spaces.MultiBinary(2)})
-        self._action_space = spaces.Discrete(2)
+        super().__init__(spaces.Dict({"observation": spaces.Box(0.0, 1.0, (GOAL + 1,), np.float32),
+                                      "action_mask": spaces.MultiBinary(2)}), spaces.Discrete(2))
         self.count = 0
-        self.to_move = 0
 
-    def observation_space(self, agent: str) -> spaces.Space:
-        return self._observation_space
-
-    def action_space(self, agent: str) -> spaces.Space:
-        return self._action_space
-
-    def reset(self, seed: int | None = None, options: dict | None = None):
+    def _start(self) -> None:
         self.count = 0
-        self.to_move = 0
-        self.agents = list(PLAYERS)
-        return {"first": observe(self.count)}, {"first": {}}
 
-    def step(self, actions):
-        if not self.agents:
-            raise RuntimeError("step after the game ended: reset first")
-        mover = PLAYERS[self.to_move]
-        if set(actions) != {mover}:
-            raise ValueError(f"it is {mover}'s move: expected an action for {mover} only, got {sorted(actions)}")
-        action = int(actions[mover])
+    def _observe(self, player: int) -> dict[str, np.ndarray]:
+        return observe(self.count)
+
+    def _move(self, player: int, action) -> tuple[float, dict] | None:
+        action = int(action)
         if action not in (0, 1):
             raise ValueError(f"action {action} is not 0 (add 1) or 1 (add 2)")
-        other = PLAYERS[1 - self.to_move]
         if self.count + action + 1 > GOAL:
-            return self._end({mover: -1.0, other: 1.0}, {"illegal_move": action, "loser": mover})
+            return -1.0, {"illegal_move": action, "loser": PLAYERS[player]}
         self.count += action + 1
-        if self.count == GOAL:
-            return self._end({mover: 1.0, other: -1.0}, {"winner": mover})
-        self.to_move = 1 - self.to_move
-        return {other: observe(self.count)}, {mover: 0.0, other: 0.0}, \
-            {mover: False, other: False}, {mover: False, other: False}, {other: {}}
-
-    def close(self) -> None:
-        pass
-
-    def _end(self, rewards: dict, info: dict):
-        self.agents = []
-        return ({p: observe(self.count) for p in PLAYERS}, rewards, {p: True for p in PLAYERS},
-                {p: False for p in PLAYERS}, {p: dict(info) for p in PLAYERS})
+        return (1.0, {"winner": PLAYERS[player]}) if self.count == GOAL else None
 
 
 def observe(count: int) -> dict[str, np.ndarray]:

@@ -15,68 +15,41 @@ from __future__ import annotations
 import numpy as np
 from gymnasium import spaces
 
+from actorlearner.envs.turns import TwoPlayerGame
+
 LINES = np.array([(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)])
 PLAYERS = ("x", "o")
 
 
-class TicTacToe:
-    """Two agents, ``x`` (moves first) and ``o``; only the player to move is observed each step."""
+class TicTacToe(TwoPlayerGame):
+    """Two agents, ``x`` (moves first) and ``o``."""
 
     metadata = {"name": "tic_tac_toe", "render_modes": []}
+    players = PLAYERS
 
     def __init__(self):
-        self.possible_agents = list(PLAYERS)
-        self.agents: list[str] = []
-        self._observation_space = spaces.Dict({"observation": spaces.Box(0.0, 1.0, (27,), np.float32),
-                                               "action_mask": spaces.MultiBinary(9)})
-        self._action_space = spaces.Discrete(9)
+        super().__init__(spaces.Dict({"observation": spaces.Box(0.0, 1.0, (27,), np.float32),
+                                      "action_mask": spaces.MultiBinary(9)}), spaces.Discrete(9))
         self.board = np.zeros(9, np.int8)  # 0 empty, 1 x, 2 o
-        self.to_move = 0
 
-    def observation_space(self, agent: str) -> spaces.Space:
-        return self._observation_space
-
-    def action_space(self, agent: str) -> spaces.Space:
-        return self._action_space
-
-    def reset(self, seed: int | None = None, options: dict | None = None):
+    def _start(self) -> None:
         self.board[:] = 0
-        self.to_move = 0
-        self.agents = list(PLAYERS)
-        return {"x": self._observe(0)}, {"x": {}}
 
-    def step(self, actions):
-        if not self.agents:
-            raise RuntimeError("step after the game ended: reset first")
-        mover = PLAYERS[self.to_move]
-        if set(actions) != {mover}:
-            raise ValueError(f"it is {mover}'s move: expected an action for {mover} only, got {sorted(actions)}")
-        cell = int(actions[mover])
+    def _observe(self, player: int) -> dict[str, np.ndarray]:
+        return observe(self.board, player + 1)
+
+    def _move(self, player: int, action) -> tuple[float, dict] | None:
+        cell = int(action)
         if not 0 <= cell < 9:
             raise ValueError(f"cell {cell} is not in 0..8")
-        other = PLAYERS[1 - self.to_move]
         if self.board[cell]:
-            return self._end({mover: -1.0, other: 1.0}, {"illegal_move": cell, "loser": mover})
-        self.board[cell] = self.to_move + 1
-        if winner_of(self.board) == self.to_move + 1:
-            return self._end({mover: 1.0, other: -1.0}, {"winner": mover})
+            return -1.0, {"illegal_move": cell, "loser": PLAYERS[player]}
+        self.board[cell] = player + 1
+        if winner_of(self.board) == player + 1:
+            return 1.0, {"winner": PLAYERS[player]}
         if self.board.all():
-            return self._end({mover: 0.0, other: 0.0}, {"winner": "none"})
-        self.to_move = 1 - self.to_move
-        return {other: self._observe(self.to_move)}, {mover: 0.0, other: 0.0}, \
-            {mover: False, other: False}, {mover: False, other: False}, {other: {}}
-
-    def close(self) -> None:
-        pass
-
-    def _end(self, rewards: dict, info: dict):
-        observations = {p: self._observe(i) for i, p in enumerate(PLAYERS)}
-        done = {p: True for p in PLAYERS}
-        self.agents = []
-        return observations, rewards, done, {p: False for p in PLAYERS}, {p: dict(info) for p in PLAYERS}
-
-    def _observe(self, player: int) -> np.ndarray:
-        return observe(self.board, player + 1)
+            return 0.0, {"winner": "none"}
+        return None
 
 
 def observe(board: np.ndarray, mark: int) -> dict[str, np.ndarray]:

@@ -186,10 +186,11 @@ class Learner:
 
     def welcome(self, session: ActorSession, version: int) -> pb.Welcome:
         """The settings an actor must use, and ``version``, the policy it receives next."""
-        c = self.config
+        c, world, index = self.config, self.world, session.record.index  # None: a relay, which takes no index
         settings = pb.Settings(
             batch_size=c.actor_batch_size, max_unacked=c.max_unacked, codec=int(wire.Codec.parse(c.codec)),
-            actor_priorities=session.priorities, num_actors=max(c.num_actors, 1), actor_index=session.record.index,
+            actor_priorities=session.priorities, num_actors=max(c.num_actors, 1) * world.size,
+            actor_index=None if index is None else index * world.size + world.rank,  # the ranks' actors interleaved
             max_message_bytes=c.max_message_bytes, algorithm=c.algorithm,
             algorithm_config=config_json(self.algorithm_config))
         self.roles.welcome(settings)
