@@ -49,8 +49,9 @@ def test_two_ranks_keep_one_league_count_each_ranks_games_once_and_resume_it(tmp
         with grpc.insecure_channel(f"127.0.0.1:{ports[0]}") as channel:
             fields = spec_fields(pb_grpc.LearnerStub(channel).GetSpec(pb.LearnerSpecRequest(), timeout=30))
         streams = [RawStream(f"127.0.0.1:{port}", ttt_hello(f"player-{rank}")) for rank, port in enumerate(ports)]
-        for stream in streams:
-            assert stream.next("welcome").welcome.settings.league.enabled
+        for rank, stream in enumerate(streams):  # the world's exploration ladder: 2 actors per rank, interleaved
+            settings = stream.next("welcome").welcome.settings
+            assert settings.league.enabled and (settings.actor_index, settings.num_actors) == (rank, 4)
         for seq in range(1, BATCHES + 1):
             for rank, stream in enumerate(streams):
                 stream.send(ttt_batch(fields, seq, RESULTS[rank], [RANDOM, SELF]))
