@@ -23,7 +23,10 @@ def env_server_command(config: EnvServerConfig) -> int:
             metrics_port(config.host, config.metrics_port, service.metrics):
         health.set(True)
         print(f"env server listening on {config.host}:{port}", flush=True)
-        stop.wait()
+        # Timed: a signal the kernel hands to a gRPC thread does not wake a bare wait of the main thread, which
+        # alone runs Python's handler (on its next bytecode); the server then never stopped.
+        while not stop.wait(1.0):
+            pass
         health.set(False)
         logger.info("stopping: closing sessions")
     return 0
