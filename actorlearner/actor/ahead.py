@@ -77,9 +77,11 @@ def _run_loop(env_fns: list[Callable[[], gym.Env]], slots: list[SharedSteps], to
     each step over in the next slot (a credit says the actor has read it out).
 
     Commands are read between steps, so they apply at once; ``commands`` counts those sent (a
-    shared integer: reading it costs less than polling the pipe). What this sends back never blocks on
-    the actor sending a command: steps are announced in small messages, at most ``AHEAD / HANDOFF``
-    unread, and a reset's observations (large for images) go out while the actor waits for them.
+    shared integer: reading it costs less than polling the pipe). The actor's process raises it after
+    writing the command, so this process may have read more than it says: only a count above ``read``
+    promises one waiting in the pipe. What this sends back never blocks on the actor sending a
+    command: steps are announced in small messages, at most ``AHEAD / HANDOFF`` unread, and a reset's
+    observations (large for images) go out while the actor waits for them.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the actor's process decides when this one ends
     torch.set_num_threads(torch_threads)
@@ -91,7 +93,7 @@ def _run_loop(env_fns: list[Callable[[], gym.Env]], slots: list[SharedSteps], to
         policy, version, exploration, epoch, obs, running, taken, read = None, -1, 0.0, 0, None, False, 0, 0
         versions, acted_list = [], []  # of the steps in slots not yet announced
         while True:
-            while not running or commands.value != read:
+            while not running or commands.value > read:
                 if versions:  # before any command: the actor takes every slot in order
                     steps.post(("steps", epoch, _announcement(versions, acted_list)))
                     versions, acted_list = [], []
@@ -119,7 +121,7 @@ def _run_loop(env_fns: list[Callable[[], gym.Env]], slots: list[SharedSteps], to
             if not credits.acquire(False):  # the actor is behind: wait for a slot, minding commands
                 if not credits.acquire(timeout=0.05):
                     continue
-                if commands.value != read:  # a command came meanwhile: it applies to this step
+                if commands.value > read:  # a command came meanwhile: it applies to this step
                     credits.release()
                     continue
             actions, acted = policy.act_values(obs, exploration)
