@@ -21,6 +21,7 @@ from procs import (
     start_env_server,
     start_learner,
     status,
+    status_if,
     stop,
     wait_until,
 )
@@ -291,14 +292,22 @@ def test_two_actors_train_through_env_servers():
 
 
 def test_run_trains_on_a_grpc_env(tmp_path):
+    """``run`` with a ``grpc://`` env: its actor and its evaluator play through the env server, and it trains."""
     server, port = start_env_server("CartPole-v1")
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        run = subprocess.Popen([sys.executable, "-m", "actorlearner", "run", "--port", "0", *FAST_LEARNER,
+                                "--env", f"grpc://127.0.0.1:{port}", "--actors", "1", "--num-envs", "2",
+                                "--max-seconds", "600", "--eval-every", "2", "--eval-episodes", "2", "--eval-envs", "2",
+                                "--no-plot", "--run-dir", str(tmp_path / "run")],
+                               stdout=subprocess.PIPE, stderr=stderr, text=True, env=CHILD_ENV)
     try:
-        done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--port", "0", *FAST_LEARNER,
-                               "--env", f"grpc://127.0.0.1:{port}", "--actors", "1", "--num-envs", "2",
-                               "--max-seconds", "20", "--eval-every", "3", "--eval-episodes", "2", "--eval-envs", "2",
-                               "--run-dir", str(tmp_path)],
-                              capture_output=True, text=True, timeout=90)
+        learner_port = int(run.stdout.readline().rsplit(":", 1)[1])
+        wait_until(lambda: status_if(learner_port, lambda s: s.updates > 0 and s.evaluations > 0), 120,
+                   "updates and an evaluation")
+        run.send_signal(signal.SIGINT)
+        out, _ = run.communicate(timeout=120)
     finally:
-        assert stop(server) == [0]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["updates"] > 0 and result["policy_version"] > 0 and result["eval_return"] is not None, done.stderr[-3000:]
+        codes = stop(run, server)
+    assert codes == [1, 0], (tmp_path / "stderr.txt").read_text()[-3000:]  # 1: stopped before solving
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["updates"] > 0 and result["policy_version"] > 0 and result["eval_return"] is not None, result
