@@ -222,8 +222,8 @@ class LoopProcess:
     def close(self) -> None:
         if self._process.is_alive():
             try:
-                self._control.send(("close", None))
-            except OSError:
+                self.send("close")  # counted: a running loop reads commands only when the count says so
+            except RuntimeError:
                 pass
             self._process.join(5)
         if self._process.is_alive():

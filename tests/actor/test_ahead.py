@@ -103,6 +103,18 @@ def test_a_command_the_loop_reads_before_the_actor_counts_it_does_not_make_the_l
         steps.close()
 
 
+def test_closing_a_loop_that_runs_ahead_ends_it_without_a_kill(pair):
+    """A running loop reads commands only when the count says one came: close is counted too, so the
+    process returns (exit 0) instead of being killed after waiting out its join."""
+    loop, _ = pair
+    ahead = Ahead(loop, StepProfile(), seed=5)
+    policy, _ = policies(loop, seed=5)
+    ahead.reset(3)
+    ahead.step(policy, 0.0, 0)  # the loop runs ahead now, then waits for the actor to take its slots
+    loop.close()
+    assert loop._process.exitcode == 0
+
+
 def test_each_step_names_the_weights_that_chose_it(pair):
     """Greedy acting, weights changed mid-run: every step's actions are the argmax of its version's Q values,
     the versions never go back, and the new weights take over within the steps the child may run ahead."""
