@@ -28,7 +28,7 @@ COMMANDS = {
     "env-server": (cfg.EnvServerConfig, env_server_command,
                    "serve an environment over env.proto, one instance per session"),
     "relay": (cfg.RelayConfig, relay_command, "serve actors as a learner does, over one stream to the learner"),
-    "run": (cfg.RunConfig, run_command, "a learner and N actors on loopback until solved or out of time"),
+    "run": (cfg.RunConfig, run_command, "a learner and N actors on loopback until solved, out of time or trained"),
     "status": (cfg.StatusConfig, status_command, "print a learner's status"),
     "set": (cfg.SetConfig, set_command, "change runtime parameters of a running learner (and its actors)"),
     "eval": (cfg.EvalConfig, eval_command, "play a checkpoint's policy greedily and report its returns"),

@@ -1,4 +1,5 @@
-"""``actorlearner run``: a learner in this process and N actor processes on this machine, until solved or out of time."""
+"""``actorlearner run``: a learner in this process and N actor processes on this machine, until solved, out of
+time, or trained --max-updates and evaluated."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from actorlearner.actor.actor import VECTOR_MODE_CHOICES
 from actorlearner.cli.common import logger, on_signals, warn_if_exposed
@@ -20,9 +22,12 @@ from actorlearner.curve import LearningCurve
 from actorlearner.telemetry import format_progress
 from actorlearner.transport import SecurityConfig
 
+if TYPE_CHECKING:
+    from actorlearner.learner.learner import Learner
+
 
 def run_command(config: RunConfig) -> int:
-    """Learner in this process, actors as child processes; exit 0 if solved, 1 if time ran out."""
+    """Learner in this process, actors as child processes; exit 0 if solved, else 1."""
     from actorlearner.learner.server import serve
 
     if config.learner.world_size > 1:
@@ -56,6 +61,7 @@ def run_command(config: RunConfig) -> int:
         actors = [_spawn_actor(config, address, i) for i in range(config.actors)]
         last_print = 0.0
         evaluation, progress = learner.evaluation, learner.progress
+        ended = "stopped"  # by SIGINT or SIGTERM, unless the loop finds another reason
         while not stop.wait(0.5):
             elapsed = time.monotonic() - start
             new_eval = evaluation.evaluations > evaluations
@@ -63,12 +69,9 @@ def run_command(config: RunConfig) -> int:
             curve.record(elapsed, progress.env_steps, progress.recent_return, evaluation.mean if new_eval else None)
             eval_return = evaluation.mean if evaluation.evaluations else None
             solved = eval_return is not None and eval_return >= config.target_return
-            if solved or elapsed >= config.max_seconds:
-                break
-            if all(a.poll() is not None for a in actors):
-                logger.error("every actor exited; stopping")
-                break
-            if learner.failed.is_set():
+            reason = _reason_to_end(config, learner, actors, solved, elapsed)
+            if reason:
+                ended = reason
                 break
             if elapsed - last_print >= 2.0:
                 last_print = elapsed
@@ -83,7 +86,7 @@ def run_command(config: RunConfig) -> int:
     if not solved:
         solved = evaluation.evaluations > 0 and evaluation.mean >= config.target_return
         eval_return = evaluation.mean if evaluation.evaluations else None
-    result = {"solved": solved, "eval_return": eval_return,
+    result = {"solved": solved, "ended": "solved" if solved else ended, "eval_return": eval_return,
               "seconds": round(elapsed, 2), "env_steps": progress.env_steps,
               "updates": progress.updates, "policy_version": progress.version, "run_dir": run_dir}
     if config.plot:
@@ -113,6 +116,26 @@ def _spawn_actor(config: RunConfig, address: str, index: int) -> subprocess.Pope
     security = {opt.env_var: str(value) for opt in options(SecurityConfig)
                 if (value := getattr(config.learner.security, opt.path[-1]))}  # by env var: no token in ps
     return subprocess.Popen(command, env={**os.environ, **security})
+
+
+def _reason_to_end(config: RunConfig, learner: Learner, actors: list[subprocess.Popen], solved: bool,
+                   elapsed: float) -> str | None:
+    """Why the run ends now (the result's ``ended``), or None while it goes on. "trained": training reached
+    --max-updates and the last version it published has been evaluated (if it evaluates)."""
+    limit, progress = learner.config.max_updates, learner.progress
+    if solved:
+        return "solved"
+    if elapsed >= config.max_seconds:
+        return "out of time"
+    if limit and progress.updates >= limit and (
+            learner.config.eval_every <= 0 or learner.evaluation.version >= progress.version):
+        return "trained"
+    if all(actor.poll() is not None for actor in actors):
+        logger.error("every actor exited; stopping")
+        return "actors exited"
+    if learner.failed.is_set():
+        return "training failed"
+    return None
 
 
 def _stop_processes(processes: list[subprocess.Popen], timeout: float = 15.0) -> None:

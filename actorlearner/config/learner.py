@@ -54,7 +54,7 @@ class LearnerConfig:
     publish_every: int = field(default=20, metadata=RUNTIME)
     """Training updates between published policy versions."""
     max_updates: int = 0
-    """Stop training after this many updates and keep serving; 0 trains until stopped."""
+    """Stop training after this many updates; 0 trains until stopped. A learner keeps serving; `run` ends once it has evaluated the last version (at once with --eval-every 0)."""
     max_policy_lag: int = field(default=0, metadata=RUNTIME)
     """Train only on transitions from at most this many versions ago; 0 disables the bound."""
     actor_batch_size: int = 256

@@ -9,7 +9,7 @@ from actorlearner.config.learner import LearnerConfig
 
 @dataclass
 class RunConfig:
-    """One machine: a learner (serving on --host/--port, address printed) and N actor processes until solved or out of time."""
+    """One machine: a learner (serving on --host/--port, address printed) and N actor processes until solved, out of time, or trained --max-updates and evaluated."""
 
     actors: int = 2
     """Actor processes to start."""

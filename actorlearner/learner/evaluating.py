@@ -31,13 +31,15 @@ class Evaluation:
         self.config, self.policy, self.broadcast = config, policy, broadcast
         self.roles, self.progress, self.checkpoints = roles, progress, checkpoints
         self.evaluations = 0
+        self.version = -1  # the policy version the latest evaluation played
         self.mean = math.nan
         self.best = -math.inf
 
     def evaluate(self) -> EvalResult:
         """Evaluate the latest published policy; a new best one goes to the checkpoints' ``best/`` slot."""
         c, policy = self.config, self.policy
-        policy.load_policy_state_dict(wire.decode_state_dict(self.broadcast.payload))
+        version, payload = self.broadcast.snapshot()
+        policy.load_policy_state_dict(wire.decode_state_dict(payload))
         seed = c.seed + 10_000 * self.evaluations
         env_steps = self.progress.env_steps
         result = self.roles.evaluate(policy, seed, env_steps)
@@ -46,7 +48,7 @@ class Evaluation:
                               lambda: make_env(c.env, c.security, frame_stack=c.frame_stack), c.eval_episodes,
                               c.eval_envs, seed, policy.reset_memory)
         self.evaluations += 1
-        self.mean = result.mean
+        self.version, self.mean = version, result.mean
         self.progress.telemetry.scalars({telemetry.EVAL_MEAN_RETURN: result.mean,
                                          telemetry.EVAL_STD_RETURN: result.std}, env_steps)
         if result.mean > self.best:

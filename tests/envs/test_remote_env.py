@@ -310,4 +310,5 @@ def test_run_trains_on_a_grpc_env(tmp_path):
         codes = stop(run, server)
     assert codes == [1, 0], (tmp_path / "stderr.txt").read_text()[-3000:]  # 1: stopped before solving
     result = json.loads(out.strip().splitlines()[-1])
-    assert result["updates"] > 0 and result["policy_version"] > 0 and result["eval_return"] is not None, result
+    assert result["ended"] == "stopped" and result["updates"] > 0 and result["policy_version"] > 0, result
+    assert result["eval_return"] is not None, result
