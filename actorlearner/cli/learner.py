@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from actorlearner.cli.common import logger, metrics_port, on_signals, warn_if_exposed
 from actorlearner.config import LearnerConfig, presets
 from actorlearner.health import Health
 from actorlearner.telemetry import format_progress
+
+PROGRESS_SECONDS = 5.0
+"""Seconds between the progress lines a learner logs."""
 
 
 def learner_command(config: LearnerConfig) -> int:
@@ -27,8 +31,12 @@ def learner_command(config: LearnerConfig) -> int:
         learner.start()
         health.set(True)
         print(f"learner listening on {config.host}:{port}", flush=True)
-        while not (stop.wait(5.0) or learner.failed.is_set() or learner.stopping.is_set()):  # or another rank's stop
-            logger.info("%s", format_progress(learner.summary()))
+        last_progress = time.monotonic()
+        # Polled often: a training failure or another rank's stop ends the learner at once, not at the next log line.
+        while not (stop.wait(0.5) or learner.failed.is_set() or learner.stopping.is_set()):
+            if time.monotonic() - last_progress >= PROGRESS_SECONDS:
+                last_progress = time.monotonic()
+                logger.info("%s", format_progress(learner.summary()))
         health.set(False)  # draining: probes see NOT_SERVING while the final checkpoint is written
         logger.info("stopping: actors told to go, final checkpoint")
         learner.stop()
