@@ -13,7 +13,6 @@ import logging
 import sys
 
 from actorlearner import config as cfg
-from actorlearner.algorithms import resolve as resolve_algorithm
 from actorlearner.cli.actor import actor_command
 from actorlearner.cli.after_training import eval_command, export_command
 from actorlearner.cli.control import set_command, status_command
@@ -43,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     command = next((arg for arg in argv if not arg.startswith("-")), None)
     algorithm = None
     if command in ("learner", "run"):  # the algorithm's options are the learner's too: resolve it first
+        from actorlearner.algorithms import resolve as resolve_algorithm  # torch: only commands that train load it
+
         try:
             algorithm = resolve_algorithm(cfg.algorithm_name(argv))
         except ValueError as exc:

@@ -13,7 +13,6 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from actorlearner.actor.actor import VECTOR_MODE_CHOICES
 from actorlearner.cli.common import logger, on_signals, warn_if_exposed
 from actorlearner.cli.learner import start_learner
 from actorlearner.config import LearnerConfig, RunConfig, options
@@ -28,6 +27,7 @@ if TYPE_CHECKING:
 
 def run_command(config: RunConfig) -> int:
     """Learner in this process, actors as child processes; exit 0 if solved, else 1."""
+    from actorlearner.actor.actor import VECTOR_MODE_CHOICES
     from actorlearner.learner.server import serve
 
     if config.learner.world_size > 1:
