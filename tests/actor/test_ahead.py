@@ -5,8 +5,6 @@ that cannot be built says why in one line."""
 
 from __future__ import annotations
 
-import ctypes
-import multiprocessing as mp
 import subprocess
 import sys
 
@@ -14,13 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from actorlearner.actor.ahead import AHEAD, Ahead, LoopProcess, Mailbox, _run_loop
+from actorlearner.actor.ahead import AHEAD, Ahead, LoopProcess
 from actorlearner.actor.profile import StepProfile
 from actorlearner.actor.stepping import Lockstep
 from actorlearner.algorithms import make_spec
 from actorlearner.envs import make_vector_env
 from actorlearner.envs.factory import env_factories
-from actorlearner.envs.workers import SharedSteps, probe
 from procs import (CHILD_ENV, NOT_TRAINING, process_children, start_actor, start_learner, start_time, status,
                    status_if, stop, wait_until)
 
@@ -66,41 +63,24 @@ def test_steps_are_lockstep_s_exactly_and_a_restart_with_a_new_network_starts_th
         assert_same(got, lockstep.step(reference, np.array([0.0, 0.5, 1.0]), 0), f"after the restart, step {i}")
 
 
-def test_a_command_the_loop_reads_before_the_actor_counts_it_does_not_make_the_loop_wait_for_another():
+def test_a_command_the_loop_reads_before_the_actor_counts_it_does_not_make_the_loop_wait_for_another(pair):
     """The actor's process counts a command as sent after writing it to the pipe, so the loop process
     can read it first. Once running, the loop must step on, not wait on the pipe for a command that
     the higher count seemed to promise (a deadlock seen once in a full suite run)."""
-    ctx = mp.get_context("spawn")
-    env_fns = env_factories("custom_envs:short_cartpole", NUM_ENVS)
-    observation_space, action_space, _ = probe(env_fns[0])
-    slots = [SharedSteps(ctx, observation_space, action_space, NUM_ENVS) for _ in range(AHEAD)]
-    control, loop_control = ctx.Pipe()
-    commands, steps, credits = ctx.RawValue(ctypes.c_int64, 0), Mailbox(ctx), ctx.Semaphore(AHEAD)
-    process = ctx.Process(target=_run_loop, daemon=True,
-                          args=(env_fns, slots, 1, loop_control, commands, steps, credits))
-    process.start()
-    try:
-        assert steps.take(timeout=120)[0] == "ready"
-        spec = make_spec("dqn", observation_space, action_space, {"hidden_sizes": [16]})
-        for command in [("network", (spec, 5)), ("weights", (0, spec.make_policy(seed=5).policy_state_dict())),
-                        ("exploration", 0.3), ("reset", (7, 1))]:
-            control.send(command)
-            commands.value += 1
-        assert steps.take(timeout=120)[:2] == ("reset", 1)
-        control.send(("run", None))  # not counted yet: the loop reads it while the count says it has all
-        announced = steps.take(timeout=120)
-        assert announced is not None, "the loop waited for a command instead of stepping"
-        assert announced[:2] == ("steps", 1)
-        commands.value += 1
-        control.send(("close", None))
-        commands.value += 1
-        process.join(120)
-        assert process.exitcode == 0
-    finally:
-        process.kill()
-        process.join()
-        control.close()
-        steps.close()
+    loop, _ = pair
+    policy, _ = policies(loop, seed=5)
+    loop.send("network", (policy.spec, 5))
+    loop.send("weights", (0, policy.policy_state_dict()))
+    loop.send("exploration", 0.3)
+    loop.send("reset", (7, 1))
+    loop.receive("reset", 1)
+    loop._control.send(("run", None))  # written as LoopProcess.send does, not counted yet
+    announced = loop._steps.take(timeout=120)
+    assert announced is not None, "the loop waited for a command instead of stepping"
+    assert announced[:2] == ("steps", 1)
+    loop._commands.value += 1  # the count catches up, as it does once send returns
+    loop.close()
+    assert loop._process.exitcode == 0
 
 
 def test_closing_a_loop_that_runs_ahead_ends_it_without_a_kill(pair):
