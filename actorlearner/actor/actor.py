@@ -29,6 +29,7 @@ from actorlearner.algorithms import AlgorithmSpec, Policy, TransitionAssembler, 
 from actorlearner.config import ActorConfig
 from actorlearner.envs import make_vector_env
 from actorlearner.envs.factory import VECTOR_MODES, env_factories
+from actorlearner.envs.workers import Interrupted
 from actorlearner.frames import FrameLayout, algorithm_frames, batch_fields, frame_stack_of
 from actorlearner.metrics import Metric
 from actorlearner.telemetry import RateMeter
@@ -39,6 +40,8 @@ logger = logging.getLogger(__name__)
 AUTO_MODE = "auto"
 """The default ``--vector-mode``: ahead for a policy without memory and no self-play, sync otherwise."""
 VECTOR_MODE_CHOICES = (AUTO_MODE, *VECTOR_MODES, AHEAD_MODE)
+FLUSH_SECONDS = 5.0
+"""How long a stopping actor waits for the learner to ack what it sent."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,6 +99,7 @@ class Actor:
         if config.vector_mode not in VECTOR_MODE_CHOICES:
             raise ValueError(f"vector mode must be one of {', '.join(VECTOR_MODE_CHOICES)}, got {config.vector_mode!r}")
         self.roles = make_roles(config)
+        self.stop_event = threading.Event()
         if self.roles.sync_only and config.vector_mode not in ("sync", AUTO_MODE):
             raise ValueError(self.roles.sync_only)
         # auto starts ahead (sync where a role needs it); a Welcome's policy may switch it
@@ -131,16 +135,15 @@ class Actor:
         self._last_stats = time.monotonic()  # when the last EpisodeStats went out
         self._steps_reported = 0  # env steps a batch or an EpisodeStats carried
         self.batches_sent = 0
-        self.stop_event = threading.Event()
 
     def _vector_env(self, mode: str) -> gym.vector.VectorEnv | LoopProcess:
         """The envs stepped in vector mode ``mode`` (not auto)."""
         config = self.config
         if mode == AHEAD_MODE:  # never for a role that is sync_only
             return LoopProcess(env_factories(config.env, config.num_envs, config.security,
-                                             frame_stack=config.frame_stack), config.torch_threads)
+                                             frame_stack=config.frame_stack), config.torch_threads, self.stop_event)
         return make_vector_env(config.env, config.num_envs, mode, config.security,
-                               wrap=self.roles.wrapper(), frame_stack=config.frame_stack)
+                               wrap=self.roles.wrapper(), frame_stack=config.frame_stack, interrupt=self.stop_event)
 
     def _stepper(self) -> Lockstep | Ahead:
         return Ahead(self.envs, self.profile, self.config.seed) if isinstance(self.envs, LoopProcess) \
@@ -162,8 +165,10 @@ class Actor:
         self.link.start()
         try:
             self._loop(max_env_steps)
+        except Interrupted:  # stopped while an env process did not answer
+            pass
         finally:
-            self.link.flush(timeout=5.0)
+            self.link.flush(timeout=FLUSH_SECONDS)
             self.link.close()
             self.envs.close()
             logger.info("unacked window peak %d of %d batches; env loop: %s", self.link.peak_unacked,

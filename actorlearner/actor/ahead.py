@@ -18,7 +18,11 @@ from __future__ import annotations
 import collections
 import ctypes
 import multiprocessing as mp
+import os
+import queue
 import signal
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -30,26 +34,33 @@ import torch
 from actorlearner.actor.profile import StepProfile
 from actorlearner.actor.stepping import VectorStep
 from actorlearner.algorithms import Policy
-from actorlearner.envs.workers import SharedSteps, copy_into, probe, tree_map
+from actorlearner.envs.workers import CLOSE_SECONDS, Interrupted, SharedSteps, copy_into, probe, tree_map
+from actorlearner.lifeline import end_with_parent
 
 AHEAD_MODE = "ahead"
 """The ``--vector-mode`` that runs the env loop in a process of its own."""
 
 AHEAD = 32
-"""Vector steps the child may take before the actor has taken them."""
+"""Vector steps the child may take before the actor has taken them (fewer where they would outgrow
+`SLOT_BYTES`)."""
+
+SLOT_BYTES = 64 * 1024 * 1024
+"""Shared memory the slots may take together, at least two steps' worth: 32 steps of 16 MB observations
+would take half a GiB."""
 
 HANDOFF = 16
-"""Vector steps announced per message: each wakes the actor's process, which costs about what a step
-of a few light envs does."""
-
+"""Vector steps announced per message (at most half the slots): each wakes the actor's process, which
+costs about what a step of a few light envs does."""
 
 class Mailbox:
-    """Messages from the loop process to the actor's: a pipe, and a semaphore counting what it holds.
+    """Messages from the loop process to the actor's: a pipe, and a semaphore counting the messages begun.
 
     The actor waits on the semaphore, never on the pipe: a pipe write wakes its reader as a "sync"
     wake-up, which Linux serves on the writer's core, so the actor's process preempted the loop
     process on its core (about 250 us per message, measured on two cores) instead of running on
-    the idle one.
+    the idle one. The count rises before the message is written, so a message of any size flows
+    while the actor reads it (one larger than the pipe's buffer, counted once written, waited for a
+    reader that waited for the count).
     """
 
     def __init__(self, ctx):
@@ -58,11 +69,11 @@ class Mailbox:
 
     def post(self, message: tuple) -> None:
         """Send ``message`` (in the loop process)."""
-        self._writer.send(message)
         self._count.release()
+        self._writer.send(message)
 
     def take(self, timeout: float) -> tuple | None:
-        """The next message; None if none came within ``timeout`` seconds."""
+        """The next message; None if none began within ``timeout`` seconds. EOFError once the loop is gone."""
         return self._reader.recv() if self._count.acquire(timeout=timeout) else None
 
     def close(self, writer_only: bool = False) -> None:
@@ -71,34 +82,68 @@ class Mailbox:
             self._reader.close()
 
 
+class Inbox:
+    """The actor's commands as the loop process sees them: a thread reads the pipe as they come, so the
+    actor's writes (weights of any size) never wait on the loop's stepping or posting; the pipe's end (the
+    actor closed it, or died) reads as a close.
+
+    ``sent`` counts the commands the actor began to write (a shared integer it raises first): the loop
+    sees one coming at its next step, not once this thread got the GIL and the whole message.
+    """
+
+    def __init__(self, connection, sent):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._sent, self._taken = sent, 0
+        threading.Thread(target=self._read, args=(connection,), daemon=True, name="commands").start()
+
+    def _read(self, connection) -> None:
+        try:
+            while True:
+                self._queue.put(connection.recv())
+        except (EOFError, OSError):
+            self._queue.put(("close", None))
+
+    def waiting(self) -> bool:
+        return self._sent.value > self._taken or not self._queue.empty()
+
+    def next(self) -> tuple[str, Any]:
+        """The next command, waiting for it."""
+        command = self._queue.get()
+        self._taken += 1
+        return command
+
+
 def _run_loop(env_fns: list[Callable[[], gym.Env]], slots: list[SharedSteps], torch_threads: int,
-              control, commands, steps: Mailbox, credits) -> None:
+              control, sent, steps: Mailbox, credits, parent_pid: int) -> None:
     """The loop process: apply the actor's commands between steps; while running, act, step and hand
     each step over in the next slot (a credit says the actor has read it out).
 
-    Commands are read between steps, so they apply at once; ``commands`` counts those sent (a
-    shared integer: reading it costs less than polling the pipe). The actor's process raises it after
-    writing the command, so this process may have read more than it says: only a count above ``read``
-    promises one waiting in the pipe. What this sends back never blocks on the actor sending a
-    command: steps are announced in small messages, at most ``AHEAD / HANDOFF`` unread, and a reset's
-    observations (large for images) go out while the actor waits for them.
+    Commands are taken between steps, so they apply at once. The steps made before one are announced
+    before it applies (the actor takes every slot in order), and before waiting for a slot.
     """
+    end_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the actor's process decides when this one ends
     torch.set_num_threads(torch_threads)
+    commands = Inbox(control, sent)
     views = [slot.views() for slot in slots]
+    handoff = min(HANDOFF, max(1, len(slots) // 2))
     envs = None
     try:
         envs = gym.vector.SyncVectorEnv(env_fns, copy=False)
         steps.post(("ready", None, None))
-        policy, version, exploration, epoch, obs, running, taken, read = None, -1, 0.0, 0, None, False, 0, 0
+        policy, version, exploration, epoch, obs, running, taken = None, -1, 0.0, 0, None, False, 0
         versions, acted_list = [], []  # of the steps in slots not yet announced
+
+        def announce():
+            if versions:
+                steps.post(("steps", epoch, _announcement(versions, acted_list)))
+                versions.clear()
+                acted_list.clear()
+
         while True:
-            while not running or commands.value > read:
-                if versions:  # before any command: the actor takes every slot in order
-                    steps.post(("steps", epoch, _announcement(versions, acted_list)))
-                    versions, acted_list = [], []
-                command, data = control.recv()
-                read += 1
+            while not running or commands.waiting():
+                command, data = commands.next()
+                announce()
                 if command == "network":
                     spec, seed = data
                     policy = spec.make_policy(device="cpu", seed=seed)
@@ -119,9 +164,10 @@ def _run_loop(env_fns: list[Callable[[], gym.Env]], slots: list[SharedSteps], to
                 else:  # close
                     return
             if not credits.acquire(False):  # the actor is behind: wait for a slot, minding commands
+                announce()
                 if not credits.acquire(timeout=0.05):
                     continue
-                if commands.value > read:  # a command came meanwhile: it applies to this step
+                if commands.waiting():  # a command came meanwhile: it applies to this step
                     credits.release()
                     continue
             actions, acted = policy.act_values(obs, exploration)
@@ -132,9 +178,8 @@ def _run_loop(env_fns: list[Callable[[], gym.Env]], slots: list[SharedSteps], to
             slot_rewards[:], slot_flags[0], slot_flags[1] = rewards, terminated, truncated
             versions.append(version)
             acted_list.append(acted)
-            if len(versions) == HANDOFF:
-                steps.post(("steps", epoch, _announcement(versions, acted_list)))
-                versions, acted_list = [], []
+            if len(versions) == handoff:
+                announce()
             taken += 1
     except (BrokenPipeError, EOFError):  # the actor's process is gone
         pass
@@ -148,30 +193,36 @@ def _run_loop(env_fns: list[Callable[[], gym.Env]], slots: list[SharedSteps], to
 def _announcement(versions: list[int], acted: list[Any]) -> tuple[list[int], Any]:
     """Steps' versions, and what acting computed for them stacked (one array pickles in a fraction of
     the time of several)."""
-    return versions, None if acted[0] is None else tree_map(lambda *arrays: np.stack(arrays), *acted)
+    return list(versions), None if acted[0] is None else tree_map(lambda *arrays: np.stack(arrays), *acted)
 
 
 class LoopProcess:
-    """The child process stepping a sync vector env of ``env_fns`` (picklable: start method ``spawn``).
+    """The child process stepping a sync vector env of ``env_fns`` (picklable: start method ``spawn``); it
+    ends with this process, however this one ends.
 
-    It stands in for the vector env where the actor reads one: spaces, ``num_envs``, ``metadata``.
+    It stands in for the vector env where the actor reads one: spaces, ``num_envs``, ``metadata``. Once
+    ``interrupt`` is set, waiting for the loop gives up (`Interrupted`) after a second without news.
     """
 
-    def __init__(self, env_fns: list[Callable[[], gym.Env]], torch_threads: int = 1):
+    def __init__(self, env_fns: list[Callable[[], gym.Env]], torch_threads: int = 1,
+                 interrupt: threading.Event | None = None):
         self.single_observation_space, self.single_action_space, self.metadata = probe(env_fns[0])
         self.num_envs = len(env_fns)
+        self._interrupt = interrupt or threading.Event()
         ctx = mp.get_context("spawn")
-        self._slots = [SharedSteps(ctx, self.single_observation_space, self.single_action_space, self.num_envs)
-                       for _ in range(AHEAD)]
+        spaces = (self.single_observation_space, self.single_action_space, self.num_envs)
+        first = SharedSteps(ctx, *spaces)
+        self.slots = max(2, min(AHEAD, SLOT_BYTES // max(first.nbytes(), 1)))
+        self._slots = [first, *(SharedSteps(ctx, *spaces) for _ in range(self.slots - 1))]
         self._views = [slot.views() for slot in self._slots]
         self._taken = 0  # steps copied out of their slots
         self._announced: collections.deque[tuple[int, Any]] = collections.deque()  # (epoch, (version, acted))
         self._control, control = ctx.Pipe()
-        self._commands = ctx.RawValue(ctypes.c_int64, 0)  # sent; only this process writes it
+        self._sent = ctx.RawValue(ctypes.c_int64, 0)  # commands begun; only this process writes it
         self._steps = Mailbox(ctx)
-        self._credits = ctx.Semaphore(AHEAD)
+        self._credits = ctx.Semaphore(self.slots)
         self._process = ctx.Process(target=_run_loop, daemon=True, name="env-loop", args=(
-            env_fns, self._slots, torch_threads, control, self._commands, self._steps, self._credits))
+            env_fns, self._slots, torch_threads, control, self._sent, self._steps, self._credits, os.getpid()))
         self._process.start()
         control.close()
         self._steps.close(writer_only=True)
@@ -182,9 +233,9 @@ class LoopProcess:
             raise
 
     def send(self, command: str, data: Any = None) -> None:
+        self._sent.value += 1
         try:
             self._control.send((command, data))
-            self._commands.value += 1
         except OSError:
             raise RuntimeError(f"the env loop process exited (code {self._process.exitcode})") from None
 
@@ -205,7 +256,7 @@ class LoopProcess:
                     step_acted = None if acted is None else tree_map(lambda array: array[i], acted)  # noqa: B023
                     self._announced.append((got_epoch, (version, step_acted)))
             got_epoch, (version, acted) = self._announced.popleft()
-            obs, actions, rewards, flags = self._views[self._taken % AHEAD]
+            obs, actions, rewards, flags = self._views[self._taken % self.slots]
             step = (version, acted, tree_map(np.copy, obs), tree_map(np.copy, actions), rewards.copy(),
                     flags[0].copy(), flags[1].copy())
             self._taken += 1
@@ -213,22 +264,35 @@ class LoopProcess:
             if kind == "step" and (epoch is None or got_epoch == epoch):
                 return step
 
-    def _next(self) -> tuple[str, int | None, Any]:
-        while (message := self._steps.take(timeout=1.0)) is None:
-            if not self._process.is_alive():
-                raise RuntimeError(f"the env loop process exited (code {self._process.exitcode})")
+    def _next(self, timeout: float = 1.0) -> tuple[str, int | None, Any]:
+        try:
+            while (message := self._steps.take(timeout)) is None:
+                if not self._process.is_alive():
+                    raise RuntimeError(f"the env loop process exited (code {self._process.exitcode})")
+                if self._interrupt.is_set():
+                    raise Interrupted("stopped while waiting for the env loop process")
+        except EOFError:
+            self._process.join(1)
+            raise RuntimeError(f"the env loop process exited (code {self._process.exitcode})") from None
         return message
 
     def close(self) -> None:
+        """Ask the loop to end, reading what it still posts meanwhile; kill it if it does not end within
+        `CLOSE_SECONDS` (an env that stopped answering)."""
+        deadline = time.monotonic() + CLOSE_SECONDS
         if self._process.is_alive():
             try:
-                self.send("close")  # counted: a running loop reads commands only when the count says so
+                self.send("close")
             except RuntimeError:
                 pass
-            self._process.join(5)
+            while self._process.is_alive() and time.monotonic() < deadline:
+                try:
+                    self._steps.take(timeout=0.05)
+                except (EOFError, OSError):
+                    self._process.join(max(0.0, deadline - time.monotonic()))
         if self._process.is_alive():
             self._process.kill()
-            self._process.join(5)
+        self._process.join(5)
         self._control.close()
         self._steps.close()
 

@@ -18,6 +18,7 @@ from actorlearner.cli.learner import start_learner
 from actorlearner.config import LearnerConfig, RunConfig, options
 from actorlearner.config.learner import learner_settings
 from actorlearner.curve import LearningCurve
+from actorlearner.lifeline import PARENT_ENV
 from actorlearner.telemetry import format_progress
 from actorlearner.transport import SecurityConfig
 
@@ -115,7 +116,7 @@ def _spawn_actor(config: RunConfig, address: str, index: int) -> subprocess.Pope
                "--seed", str(config.learner.seed * 1000 + index), "--actor-id", f"actor-{index}"]
     security = {opt.env_var: str(value) for opt in options(SecurityConfig)
                 if (value := getattr(config.learner.security, opt.path[-1]))}  # by env var: no token in ps
-    return subprocess.Popen(command, env={**os.environ, **security})
+    return subprocess.Popen(command, env={**os.environ, **security, PARENT_ENV: str(os.getpid())})
 
 
 def _reason_to_end(config: RunConfig, learner: Learner, actors: list[subprocess.Popen], solved: bool,

@@ -14,15 +14,19 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import os
+import threading
 import warnings
 from collections.abc import Callable
 
 import gymnasium as gym
+from gymnasium.vector import async_vector_env
 
 from actorlearner.envs.atari import is_atari, make_atari
 from actorlearner.envs.multiagent import MultiAgentEnv, check_agents, is_multi_agent
 from actorlearner.envs.remote import SCHEME, RemoteEnv, connect
 from actorlearner.envs.workers import PairedWorkerEnvs
+from actorlearner.lifeline import end_with_parent
 from actorlearner.transport import SecurityConfig
 
 
@@ -114,9 +118,10 @@ each stepping half the envs (:mod:`actorlearner.envs.workers`)."""
 
 def make_vector_env(name: str, num_envs: int, mode: str = "sync", security: SecurityConfig | None = None,
                     wrap: Callable[[gym.Env | MultiAgentEnv], gym.Env] | None = None,
-                    frame_stack: int = 0) -> gym.vector.VectorEnv:
+                    frame_stack: int = 0, interrupt: threading.Event | None = None) -> gym.vector.VectorEnv:
     """``num_envs`` copies of ``name`` stepped together (``mode``: one of `VECTOR_MODES`), frames stacked as
-    :func:`make_env` says.
+    :func:`make_env` says; the processes of the async and workers modes end with this one, however it ends,
+    and workers stop waiting once ``interrupt`` is set.
 
     ``wrap``, when given, is applied to every env made and returns the gymnasium.Env to step
     (it turns a multi-agent env into one; in async mode it must be picklable). A multi-agent
@@ -126,8 +131,16 @@ def make_vector_env(name: str, num_envs: int, mode: str = "sync", security: Secu
         raise ValueError(f"vector mode must be one of {', '.join(VECTOR_MODES)}, got {mode!r}")
     factories = env_factories(name, num_envs, security, wrap, frame_stack)
     if mode == "workers":
-        return PairedWorkerEnvs(factories)
-    return gym.vector.SyncVectorEnv(factories) if mode == "sync" else gym.vector.AsyncVectorEnv(factories)
+        return PairedWorkerEnvs(factories, interrupt)
+    if mode == "sync":
+        return gym.vector.SyncVectorEnv(factories)
+    return gym.vector.AsyncVectorEnv(factories, worker=functools.partial(_async_worker, os.getpid()))
+
+
+def _async_worker(parent_pid: int, *args) -> None:
+    """Gymnasium's async worker, in a process that ends with its parent."""
+    end_with_parent(parent_pid)
+    async_vector_env._async_worker(*args)
 
 
 def env_factories(name: str, num_envs: int, security: SecurityConfig | None = None,

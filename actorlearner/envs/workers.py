@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing as mp
+import os
+import threading
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,6 +19,15 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import create_shared_memory, read_from_shared_memory
+
+from actorlearner.lifeline import end_with_parent
+
+CLOSE_SECONDS = 5.0
+"""How long a closing env process may take to answer before it is killed."""
+
+
+class Interrupted(RuntimeError):
+    """The owner stopped (its ``interrupt`` set) while it waited for an env process that did not answer."""
 
 Tree = Any  # an observation or action batch: an array, or a dict or tuple of them (as the space nests)
 
@@ -51,6 +62,13 @@ class SharedSteps:
         self.rewards_memory = ctx.RawArray(ctypes.c_double, n)
         self.flags_memory = ctx.RawArray(ctypes.c_bool, 2 * n)  # terminated, then truncated
 
+    def nbytes(self) -> int:
+        """Bytes the step takes in shared memory."""
+        obs, actions, rewards, flags = self.views()
+        sizes: list[int] = []
+        tree_map(lambda array: sizes.append(array.nbytes), (obs, actions))
+        return sum(sizes) + rewards.nbytes + flags.nbytes
+
     def views(self) -> tuple[Tree, Tree, np.ndarray, np.ndarray]:
         """(observations, actions, rewards, flags [2, n]) as arrays over the shared memory."""
         observation_space, action_space = self.spaces
@@ -60,8 +78,10 @@ class SharedSteps:
                 np.frombuffer(self.flags_memory, np.bool_).reshape(2, self.n))
 
 
-def _work(env_fns: list[Callable[[], gym.Env]], pipe, shared: SharedSteps) -> None:
-    """A worker process: step its envs on each command, results into shared memory, then reply."""
+def _work(env_fns: list[Callable[[], gym.Env]], pipe, shared: SharedSteps, parent_pid: int) -> None:
+    """A worker process: step its envs on each command, results into shared memory, then reply; it ends
+    with its parent, however that ends."""
+    end_with_parent(parent_pid)
     obs_view, action_view, rewards, flags = shared.views()
     envs = None
     try:
@@ -89,15 +109,18 @@ def _work(env_fns: list[Callable[[], gym.Env]], pipe, shared: SharedSteps) -> No
 
 class WorkerEnvs:
     """``len(env_fns)`` envs stepped by one worker process (start method ``spawn``: the env factories
-    must pickle); results come back through shared memory."""
+    must pickle); results come back through shared memory. Once ``interrupt`` is set, waiting for the
+    worker gives up (`Interrupted`) after half a second without an answer."""
 
-    def __init__(self, env_fns: list[Callable[[], gym.Env]], observation_space: gym.Space, action_space: gym.Space):
+    def __init__(self, env_fns: list[Callable[[], gym.Env]], observation_space: gym.Space, action_space: gym.Space,
+                 interrupt: threading.Event | None = None):
+        self._interrupt = interrupt or threading.Event()
         ctx = mp.get_context("spawn")
         self.num_envs = len(env_fns)
         self._shared = SharedSteps(ctx, observation_space, action_space, self.num_envs)
         self._obs, self._actions, self._rewards, self._flags = self._shared.views()
         self._pipe, child = ctx.Pipe()
-        self._process = ctx.Process(target=_work, args=(env_fns, child, self._shared), daemon=True,
+        self._process = ctx.Process(target=_work, args=(env_fns, child, self._shared, os.getpid()), daemon=True,
                                     name="env-worker")
         self._process.start()
         child.close()
@@ -118,16 +141,20 @@ class WorkerEnvs:
         return tree_map(np.copy, self._obs), self._rewards.copy(), self._flags[0].copy(), self._flags[1].copy()
 
     def close(self) -> None:
+        """End the worker once the step under way is in; kill it if it does not answer within `CLOSE_SECONDS`
+        (an env that stopped answering)."""
         if self._process.is_alive():
             try:
-                if self._waiting:
+                if self._waiting and self._pipe.poll(CLOSE_SECONDS):
                     self._receive()
-                self._pipe.send(("close", None))
+                if not self._waiting:
+                    self._pipe.send(("close", None))
+                    self._process.join(CLOSE_SECONDS)
             except (OSError, EOFError, RuntimeError):
                 pass
-            self._process.join(5)
         if self._process.is_alive():
             self._process.kill()
+        self._process.join(5)
         self._pipe.close()
 
     def _send(self, command: str, data) -> None:
@@ -142,6 +169,11 @@ class WorkerEnvs:
 
     def _receive(self) -> None:
         try:
+            while not self._pipe.poll(0.5):
+                if not self._process.is_alive():
+                    raise EOFError
+                if self._interrupt.is_set():
+                    raise Interrupted("stopped while waiting for an env worker")
             status, detail = self._pipe.recv()
         except EOFError:
             raise RuntimeError(f"env worker exited (code {self._process.exitcode})") from None
@@ -164,7 +196,7 @@ def probe(env_fn: Callable[[], gym.Env]) -> tuple[gym.Space, gym.Space, dict]:
 class PairedWorkerEnvs(gym.vector.VectorEnv):
     """A vector env of two :class:`WorkerEnvs` halves (next-step autoreset); ``halves`` for pipelining."""
 
-    def __init__(self, env_fns: list[Callable[[], gym.Env]]):
+    def __init__(self, env_fns: list[Callable[[], gym.Env]], interrupt: threading.Event | None = None):
         self.halves: list[WorkerEnvs] = []
         if len(env_fns) < 2:
             raise ValueError(f"vector mode workers needs at least 2 envs (one per worker), got {len(env_fns)}")
@@ -175,7 +207,8 @@ class PairedWorkerEnvs(gym.vector.VectorEnv):
         middle = self.num_envs // 2
         try:
             for part in (env_fns[:middle], env_fns[middle:]):
-                self.halves.append(WorkerEnvs(part, self.single_observation_space, self.single_action_space))
+                self.halves.append(WorkerEnvs(part, self.single_observation_space, self.single_action_space,
+                                              interrupt))
         except BaseException:
             self.close()
             raise

@@ -380,3 +380,43 @@ def self_stacking_frames() -> gym.Env:
 def short_cartpole() -> gym.Env:
     """CartPole cut at 15 steps: episodes end truncated as well as terminated."""
     return gym.make("CartPole-v1", max_episode_steps=15)
+
+
+# Observations at the sizes users run (tests/actor/test_loop_sizes.py, test_process_tree.py).
+class SizedObservation(gym.Env):
+    """Random uint8 observations (two, in turn) of ``length`` bytes (a vector) or ``shape``; ``actions`` discrete actions;
+    episodes of 50 steps. With ``hang_after`` steps, the next step never returns (an env that stops answering;
+    it creates the file $HANG_MARKER names, if any, as it hangs)."""
+
+    def __init__(self, length: int = 0, shape: tuple[int, ...] = (), actions: int = 2, hang_after: int = 0):
+        self.observation_space = spaces.Box(0, 255, shape or (length,), np.uint8)
+        self.action_space = spaces.Discrete(actions)
+        self.hang_after, self.taken = hang_after, 0
+        self.frames = np.random.default_rng(0).integers(0, 256, (2, *self.observation_space.shape), np.uint8)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return self.frames[0], {}
+
+    def step(self, action):
+        self.steps += 1
+        self.taken += 1
+        if self.hang_after and self.taken > self.hang_after:
+            import os
+            import time
+            if os.environ.get("HANG_MARKER"):  # says so, for the test waiting for the hang
+                open(os.environ["HANG_MARKER"], "a").close()
+            while True:
+                time.sleep(3600)
+        return self.frames[self.steps % 2], 1.0, False, self.steps >= 50, {}
+
+
+def atari_frames() -> gym.Env:
+    """One 84x84 grey frame per step, as Atari games are preprocessed (stack them with ``--frame-stack 4``)."""
+    return SizedObservation(shape=(84, 84, 1), actions=6)
+
+
+def hanging_frames() -> gym.Env:
+    """Atari-sized frames from an env whose 5th step never returns."""
+    return SizedObservation(shape=(84, 84, 1), actions=6, hang_after=4)

@@ -123,6 +123,26 @@ def process_children(pid: int) -> set[int]:
     return children
 
 
+def descendants(pid: int) -> dict[int, str]:
+    """Every process below ``pid`` (children, theirs, ...), each with its start time."""
+    found, todo = {}, [pid]
+    while todo:
+        try:
+            children = process_children(todo.pop())
+        except OSError:  # it ended meanwhile
+            continue
+        for child in children:
+            if (started := start_time(child)) is not None:
+                found[child] = started
+                todo.append(child)
+    return found
+
+
+def alive(processes: dict[int, str]) -> dict[int, str]:
+    """Those of ``processes`` (pid: start time) still running (a reused pid is another process)."""
+    return {pid: started for pid, started in processes.items() if start_time(pid) == started}
+
+
 def cmdline(pid: int) -> str:
     """``pid``'s command line, space-separated (empty once it is gone)."""
     try:
