@@ -18,8 +18,8 @@ summed). Ratios are taken against the faster kind: ours / one loop (the project'
 1 actor >= 0.8x, 2 actors >= 0.9x) and ours / K loops (scaling). The learner is an extra process
 on top of K.
 
-Envs (``--envs``): cartpole (CartPole-v1), minatar (bench_minatar:breakout), atari
-(ALE/Breakout-v5, 4 frames stacked). Each actor writes its per-step time profile
+Envs (``--envs``): cartpole (CartPole-v1), minatar (MinAtar/Breakout-v0, the paper's 6 actions), atari
+(ALE/Pong-v5, 4 frames stacked). Each actor writes its per-step time profile
 (``--profile-file``, its whole life, warm-up included): microseconds per env step by section,
 averaged over the actors of a run. Every figure is the median over ``--runs``.
 
@@ -45,7 +45,7 @@ from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
 HERE = Path(__file__).resolve().parent
-PRESETS = {"cartpole": ("CartPole-v1", 0), "minatar": ("bench_minatar:breakout", 0), "atari": ("ALE/Breakout-v5", 4)}
+PRESETS = {"cartpole": ("CartPole-v1", 0), "minatar": ("MinAtar/Breakout-v0", 0), "atari": ("ALE/Pong-v5", 4)}
 """Preset name -> (env name as the CLI takes it, frames stacked; 0: none)."""
 MODES = ("streaming", "training")
 LOOPS = ("project", "plain")
@@ -53,7 +53,7 @@ LOOPS = ("project", "plain")
 
 
 def subprocess_env() -> dict[str, str]:
-    """This environment with the benchmarks directory on PYTHONPATH (for ``bench_minatar:breakout``)."""
+    """This environment with the benchmarks directory on PYTHONPATH."""
     path = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), path] if path else [str(HERE)])}
 
@@ -191,7 +191,7 @@ def plain_loop(preset: str, num_envs: int, seed: int):
     import torch
     from torch import nn
 
-    if preset == "minatar":  # bench_minatar:breakout's game: the paper's 6 actions (v0, deprecated, on purpose)
+    if preset == "minatar":  # the paper's 6 actions (v0, deprecated, on purpose)
         import warnings
 
         import minatar.gym
@@ -204,7 +204,7 @@ def plain_loop(preset: str, num_envs: int, seed: int):
         wrappers = [lambda e: gym.wrappers.AtariPreprocessing(e, frame_skip=4, screen_size=84),
                     lambda e: gym.wrappers.TransformReward(e, lambda r: float(np.sign(r))),
                     lambda e: gym.wrappers.FrameStackObservation(e, 4, padding_type="reset")]
-        envs = gym.make_vec("ALE/Breakout-v5", num_envs, vectorization_mode="sync", wrappers=wrappers, frameskip=1)
+        envs = gym.make_vec("ALE/Pong-v5", num_envs, vectorization_mode="sync", wrappers=wrappers, frameskip=1)
     else:
         envs = gym.make_vec("CartPole-v1", num_envs, vectorization_mode="sync")
     shape, actions = envs.single_observation_space.shape, int(envs.single_action_space.n)

@@ -1,10 +1,12 @@
 """Per-task presets: settings a known env id learns faster with, applied to the options the user left unset.
 
-Keyed by algorithm, then env id (as RL Zoo keeps tuned hyperparameters); each maps an option,
+Keyed by algorithm, then env id (as RL Zoo keeps tuned hyperparameters) or a family of ids (``ALE/*``: every
+Atari game; an id's own preset comes first); each maps an option,
 spelled as its flag without the dashes (``samples-per-insert``, ``dqn-n-step``: the names
 ``actorlearner set`` takes), to its value. `loading.build` applies the preset that ``--preset``
 picks (by default the env's own) below flags, env vars and TOML and above the algorithm's learner
-defaults. The measurements behind each are in benchmarks/RESULTS.md ("The classic control suite").
+defaults. The measurements behind each are in benchmarks/RESULTS.md ("The classic control suite", "MinAtar",
+"Atari").
 """
 
 from __future__ import annotations
@@ -19,12 +21,23 @@ AUTO, NONE = "auto", "none"
 # values states over 50 steps, not 100). Each measured over seeds with bench_classic.py.
 _CLASSIC_DQN = {"dqn-lr": 2e-3, "eval-every": 5.0}
 
+# MinAtar's games (10x10 grids of a few bool channels): the paper's network, one conv layer then one 128-unit
+# layer, instead of the default's two (the Breakout curves in RESULTS were measured with it).
+_MINATAR_DQN = {"dqn-hidden-sizes": (128,)}
+_MINATAR_GAMES = ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders")
+
+# Atari games on a CPU learner: an evaluation of 20 whole games every 10 s (a Pong game lasts about 800
+# steps of the Nature CNN) took the cores from training; 5 games every 60 s leave them to it.
+_ATARI_DQN = {"eval-every": 60.0, "eval-episodes": 5}
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "dqn": {
         "CartPole-v1": _CLASSIC_DQN,
         "Acrobot-v1": _CLASSIC_DQN,
         "LunarLander-v3": _CLASSIC_DQN,
         "MountainCar-v0": {**_CLASSIC_DQN, "dqn-gamma": 0.98},
+        **{f"MinAtar/{game}-{version}": _MINATAR_DQN for game in _MINATAR_GAMES for version in ("v0", "v1")},
+        "ALE/*": _ATARI_DQN,
     },
 }
 
@@ -36,11 +49,16 @@ def preset(algorithm: str, choice: str, env: str) -> dict[str, Any]:
         return {}
     tuned = PRESETS.get(algorithm, {})
     if choice == AUTO:
-        return dict(tuned.get(env, {}))
+        return dict(tuned.get(env, tuned.get(family(env), {})))
     if choice not in tuned:
         known = ", ".join(sorted(tuned)) or "none"
         raise ValueError(f"--preset {choice!r}: {algorithm} has no preset for it; use auto, none or one of: {known}")
     return dict(tuned[choice])
+
+
+def family(env: str) -> str:
+    """The family key of an env id: ``ALE/Pong-v5`` -> ``ALE/*``; the id itself when it names none."""
+    return f"{env.split('/', 1)[0]}/*" if "/" in env else env
 
 
 def describe(applied: dict[str, Any]) -> str:

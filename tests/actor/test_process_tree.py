@@ -13,8 +13,6 @@ import signal
 import subprocess
 import sys
 
-import pytest
-
 from procs import (CHILD_ENV, LISTENING, NOT_TRAINING, alive, descendants, start_actor, start_learner, status,
                    status_if, stop, wait_until)
 
@@ -88,7 +86,7 @@ def test_an_actor_whose_env_stopped_answering_ends_on_sigterm_and_its_children_w
 
 def test_the_actors_run_started_end_when_run_is_sigkilled(tmp_path):
     run = subprocess.Popen([sys.executable, "-m", "actorlearner", "run", "--env", "CartPole-v1", "--actors", "2",
-                            "--max-seconds", "600", "--run-dir", str(tmp_path / "run")],
+                            "--port", "0", "--max-seconds", "600", "--run-dir", str(tmp_path / "run")],
                            stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
     children = {}
     try:

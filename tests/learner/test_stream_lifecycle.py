@@ -16,7 +16,7 @@ import pytest
 from actorlearner.config import LearnerConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.server import serve
-from procs import wait_until
+from procs import alive, descendants, wait_until
 from streams import RawStream, batch, fill_limiter, hello
 
 STREAMS = 50
@@ -96,12 +96,14 @@ def test_actor_processes_killed_one_after_another_while_held_leave_no_threads():
         threads, inserts = warm_pool(learner, f"127.0.0.1:{port}"), learner.replay.limiter.inserts
         actors = [subprocess.Popen([sys.executable, RAW_ACTOR, f"127.0.0.1:{port}", f"killed-{i}", "7"],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for i in range(KILLED)]
+        below: dict[int, str] = {}  # what the actors started
         try:
             for i, actor in enumerate(actors):
                 assert actor.stdout.readline().strip() == "welcome"
                 actor.stdin.write("send 1 16\n")
                 actor.stdin.flush()
                 wait_until(lambda: learner.replay.limiter.waiting["inserts"] == 1, 60, f"actor {i}'s batch to wait")
+                below.update(descendants(actor.pid))
                 actor.kill()
                 actor.wait()
                 wait_until(lambda: learner.replay.limiter.waiting["inserts"] == 0, 30, f"actor {i}'s wait to end")
@@ -109,6 +111,7 @@ def test_actor_processes_killed_one_after_another_while_held_leave_no_threads():
             for actor in actors:
                 actor.kill()
                 actor.wait()
+        wait_until(lambda: not alive(below), 30, "no process left of the killed actors")
         wait_until(lambda: not reader_threads(), 30, "every reader thread to end")
         wait_until(lambda: other_threads() <= threads, 30, f"thread count outside the pool back to {threads}")
         assert pool_threads() <= learner.config.max_streams + 8

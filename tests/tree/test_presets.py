@@ -87,3 +87,14 @@ def test_the_learner_names_its_preset_in_its_first_lines(tuned, caplog):
     assert line.startswith("preset CartPole-v1 for dqn: samples-per-insert=12.0 eval-every=4.0 dqn-lr=0.002 "
                            "dqn-hidden-sizes=64,32 (")
     assert "--preset none" in line and "n-step" not in line  # the flag's value is the user's, not the preset's
+
+
+def test_every_atari_game_takes_the_ale_family_preset_and_a_minatar_game_its_own():
+    pong = build(cfg.LearnerConfig, ["--env", "ALE/Pong-v5"])
+    breakout = build(cfg.LearnerConfig, ["--env", "ALE/Breakout-v5?episodic_life=true"])
+    assert pong.preset_applied == breakout.preset_applied == presets.PRESETS["dqn"]["ALE/*"]
+    assert (pong.eval_every, pong.eval_episodes) == (60.0, 5)
+    for game in ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders"):
+        minatar = build(cfg.LearnerConfig, ["--env", f"MinAtar/{game}-v1"])
+        assert minatar.algorithm_config.hidden_sizes == (128,), game
+    assert build(cfg.LearnerConfig, ["--env", "Other/Game-v0"]).preset_applied == {}
