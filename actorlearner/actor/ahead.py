@@ -52,6 +52,7 @@ HANDOFF = 16
 """Vector steps announced per message (at most half the slots): each wakes the actor's process, which
 costs about what a step of a few light envs does."""
 
+
 class Mailbox:
     """Messages from the loop process to the actor's: a pipe, and a semaphore counting the messages begun.
 
@@ -119,7 +120,9 @@ def _run_loop(env_fns: list[Callable[[], gym.Env]], slots: list[SharedSteps], to
     each step over in the next slot (a credit says the actor has read it out).
 
     Commands are taken between steps, so they apply at once. The steps made before one are announced
-    before it applies (the actor takes every slot in order), and before waiting for a slot.
+    before it applies (the actor takes every slot in order). Steps go out ``handoff`` at a time, at most
+    half the slots: with every slot full, fewer than ``handoff`` are unannounced, so the actor always has
+    one to take.
     """
     end_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the actor's process decides when this one ends
@@ -164,7 +167,6 @@ def _run_loop(env_fns: list[Callable[[], gym.Env]], slots: list[SharedSteps], to
                 else:  # close
                     return
             if not credits.acquire(False):  # the actor is behind: wait for a slot, minding commands
-                announce()
                 if not credits.acquire(timeout=0.05):
                     continue
                 if commands.waiting():  # a command came meanwhile: it applies to this step
@@ -193,7 +195,7 @@ def _run_loop(env_fns: list[Callable[[], gym.Env]], slots: list[SharedSteps], to
 def _announcement(versions: list[int], acted: list[Any]) -> tuple[list[int], Any]:
     """Steps' versions, and what acting computed for them stacked (one array pickles in a fraction of
     the time of several)."""
-    return list(versions), None if acted[0] is None else tree_map(lambda *arrays: np.stack(arrays), *acted)
+    return versions, None if acted[0] is None else tree_map(lambda *arrays: np.stack(arrays), *acted)
 
 
 class LoopProcess:

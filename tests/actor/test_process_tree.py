@@ -1,5 +1,5 @@
-"""Every process an actor or ``run`` starts ends with it, by any signal: Atari-sized observations (8 envs of
-stacked 84x84 frames, 226 KB a step) stream in every vector mode, and after SIGKILL or SIGTERM of the actors no process
+"""Every process an actor or ``run`` starts ends with it, by any signal: Atari-sized observations (4 envs of
+stacked 84x84 frames, 113 KB a step) stream in every vector mode, and after SIGKILL or SIGTERM of the actors no process
 below them is left; an actor whose env stopped answering still ends on SIGTERM, its children with it; the
 actors ``run`` started end when ``run`` is SIGKILLed.
 
@@ -16,7 +16,7 @@ import sys
 from procs import (CHILD_ENV, LISTENING, NOT_TRAINING, alive, descendants, start_actor, start_learner, status,
                    status_if, stop, wait_until)
 
-ATARI = ["--frame-stack", "4", "--num-envs", "8"]
+ATARI = ["--frame-stack", "4", "--num-envs", "4"]
 LIGHT = ["--actor-batch-size", "32", "--no-actor-priorities"]  # a first batch after a few steps
 MODES = ("sync", "async", "workers", "ahead")
 SPAWNING = ("async", "workers", "ahead")  # the modes that start processes
