@@ -60,6 +60,7 @@ def evaluate(
     seed: int,
     reset_memory: Callable[[np.ndarray], None] | None = None,
     wrap_env: Callable[[int, gym.Env], gym.Env] | None = None,
+    max_steps: int = 0,
 ) -> EvalResult:
     """Run ``episodes`` greedy episodes over ``num_envs`` envs and summarize their returns.
 
@@ -71,6 +72,7 @@ def evaluate(
     acted on. Env ``i`` is reset with ``seed + i`` once, then continues its own RNG. Envs with
     no share (``num_envs > episodes``) are not created. ``wrap_env``, when given, gets each env
     ``i`` as it is made, before any is played, and returns the env to play (a video recorder).
+    ``max_steps`` (0: none) cuts an episode after that many steps, as a time limit would.
     """
     shares = [s for s in episode_shares(episodes, num_envs) if s > 0]
     envs: list[gym.Env] = []
@@ -97,7 +99,7 @@ def evaluate(
                 obs[i], reward, terminated, truncated, _ = envs[i].step(actions[i])
                 episode_return[i] += float(reward)
                 episode_length[i] += 1
-                if terminated or truncated:
+                if terminated or truncated or episode_length[i] == max_steps:
                     returns[i].append(episode_return[i])
                     lengths[i].append(episode_length[i])
                     episode_return[i], episode_length[i] = 0.0, 0

@@ -91,14 +91,15 @@ def play_trained(trained: TrainedPolicy, opponents: list[str], games: int, num_e
                                num_envs, seed)) for name in opponents]
 
 
-def evaluate_trained(trained: TrainedPolicy, episodes: int, num_envs: int, seed: int) -> EvalResult:
-    """Greedy episodes of a trained policy, spread evenly over ``num_envs`` envs."""
+def evaluate_trained(trained: TrainedPolicy, episodes: int, num_envs: int, seed: int, max_steps: int = 0) -> EvalResult:
+    """Greedy episodes of a trained policy, spread evenly over ``num_envs`` envs (each cut after ``max_steps``)."""
     policy = trained.policy
-    return evaluate(lambda obs: policy.act(obs, 0.0), trained.make_env, episodes, num_envs, seed, policy.reset_memory)
+    return evaluate(lambda obs: policy.act(obs, 0.0), trained.make_env, episodes, num_envs, seed, policy.reset_memory,
+                    max_steps=max_steps)
 
 
 def record_trained(trained: TrainedPolicy, episodes: int, num_envs: int, seed: int,
-                   folder: str | os.PathLike[str], video_episodes: int) -> tuple[EvalResult, list[Path]]:
+                   folder: str | os.PathLike[str], video_episodes: int, max_steps: int = 0) -> tuple[EvalResult, list[Path]]:
     """``evaluate_trained``'s episodes, the first ``video_episodes`` of them (in its order: env 0's,
     then env 1's, ...) recorded by the envs that play them as MP4s in ``folder``; the result and
     those paths. Every env is made with render_mode="rgb_array", so the returns are those of
@@ -119,5 +120,5 @@ def record_trained(trained: TrainedPolicy, episodes: int, num_envs: int, seed: i
 
     policy = trained.policy
     result = evaluate(lambda obs: policy.act(obs, 0.0), lambda: trained.make_env("rgb_array"),
-                      episodes, num_envs, seed, policy.reset_memory, recorder)
+                      episodes, num_envs, seed, policy.reset_memory, recorder, max_steps)
     return result, [folder / f"env-{i}-episode-{j}.mp4" for i, count in enumerate(recorded) for j in range(count)]

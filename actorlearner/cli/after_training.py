@@ -25,11 +25,11 @@ def eval_command(config: EvalConfig) -> int:
     if config.video:
         try:
             result, videos = record_trained(trained, config.episodes, config.envs, config.seed, config.video,
-                                            config.video_episodes)
+                                            config.video_episodes, config.max_steps)
         except ValueError as exc:
             return failed(f"cannot record videos: {exc}")
     else:
-        result = evaluate_trained(trained, config.episodes, config.envs, config.seed)
+        result = evaluate_trained(trained, config.episodes, config.envs, config.seed, config.max_steps)
     summary = {"episodes": result.episodes, "mean_return": result.mean, "std_return": result.std,
                "min_return": result.min, "max_return": result.max}
     if config.json:

@@ -25,6 +25,8 @@ class EvalConfig:
     """Greedy episodes to play (a self-play policy: games against each opponent)."""
     envs: int = 4
     """Envs the episodes are spread over."""
+    max_steps: int = 27_000
+    """Steps after which an episode is cut, its return so far counted (a greedy policy may never end one); 0: no cut."""
     seed: int = 0
     """Env i is reset with seed + i."""
     json: bool = False

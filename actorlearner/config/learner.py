@@ -93,6 +93,8 @@ class LearnerConfig:
     """The algorithm's exploration in evaluations (DQN's epsilon); 0 is greedy. A little (0.001, as Atari's DQN baselines use) ends games a greedy policy would stall, such as Breakout waiting for FIRE."""
     eval_envs: int = 10
     """Environments the evaluation episodes are spread over."""
+    eval_max_steps: int = 27_000
+    """Steps after which an evaluation episode is cut, its return so far counted (a greedy policy may never end one, as in MinAtar Seaquest); 27,000 is Atari's 108,000 frames; 0: no cut."""
     logdir: str = ""
     """TensorBoard log directory; empty disables logging."""
     torch_threads: int = 1

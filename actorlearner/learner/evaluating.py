@@ -46,7 +46,7 @@ class Evaluation:
         if result is None:
             result = evaluate(lambda obs: policy.act(obs, c.eval_exploration),
                               lambda: make_env(c.env, c.security, frame_stack=c.frame_stack), c.eval_episodes,
-                              c.eval_envs, seed, policy.reset_memory)
+                              c.eval_envs, seed, policy.reset_memory, max_steps=c.eval_max_steps)
         self.evaluations += 1
         self.version, self.mean = version, result.mean
         self.progress.telemetry.scalars({telemetry.EVAL_MEAN_RETURN: result.mean,

@@ -148,3 +148,13 @@ def test_cartpole_is_deterministic_per_seed():
     assert first.min <= first.mean <= first.max
     assert first.std == pytest.approx(np.std(first.returns))
     assert 8 <= first.min and first.max <= 500
+
+
+def test_max_steps_cuts_an_episode_that_would_run_on_and_counts_its_return_so_far():
+    """Env 2's episodes last 3, 6, 9 steps: cut at 4, the 6- and 9-step ones count 4 steps (a greedy policy that
+    never ends an episode, as in MinAtar Seaquest, no longer stalls an evaluation)."""
+    make_env, envs = stairs_factory()
+    result = evaluate(lambda obs: np.ones(len(obs), np.int64), make_env, episodes=9, num_envs=3, seed=0, max_steps=4)
+    assert result.lengths == (1, 2, 3, 2, 4, 4, 3, 4, 4)
+    assert result.returns == tuple(float(n) for n in result.lengths)
+    assert [env.total_steps for env in envs] == [6, 10, 11]
