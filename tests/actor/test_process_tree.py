@@ -1,5 +1,5 @@
 """Every process an actor or ``run`` starts ends with it, by any signal: Atari-sized observations (4 envs of
-stacked 84x84 frames, 113 KB a step) and weights of 100 MB stream in every vector mode, and after SIGKILL or
+stacked 84x84 frames, 113 KB a step) stream in every vector mode, and after SIGKILL or
 SIGTERM of the actors no process below them is left; an actor whose env stopped answering still ends on
 SIGTERM, its children with it; the actors ``run`` started end when ``run`` is SIGKILLed.
 
@@ -40,10 +40,9 @@ def below(actors: dict[str, subprocess.Popen]) -> dict[int, str]:
 
 
 def test_atari_sized_observations_stream_in_every_mode_and_no_process_outlives_its_actor():
-    """One actor of each vector mode streams, with weights of 100 MB (the conv torso's 3,136 features, then 8,000
-    units); then each spawning mode's actors get SIGKILL and SIGTERM."""
-    learner, port = start_learner("--env", "custom_envs:atari_frames", "--frame-stack", "4", "--dqn-hidden-sizes",
-                                  "8000", *LIGHT, *NOT_TRAINING)
+    """One actor of each vector mode streams; then each spawning mode's actors get SIGKILL and SIGTERM (weights of
+    100 MB through the loop process: test_loop_sizes.py)."""
+    learner, port = start_learner("--env", "custom_envs:atari_frames", "--frame-stack", "4", *LIGHT, *NOT_TRAINING)
     signals = {f"{mode}-{sig.name}": sig for mode in SPAWNING for sig in (signal.SIGKILL, signal.SIGTERM)}
     signals["sync-SIGTERM"] = signal.SIGTERM
     actors, children = {}, {}

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_gpu_check_dry_run_lists_the_tests_the_bench_and_the_run_in_order_within_8_minutes(tmp_path) -> None:
+def test_gpu_check_dry_run_lists_the_tests_the_bench_and_the_runs_in_order_within_9_minutes(tmp_path) -> None:
     out = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dry-run", str(tmp_path / "report.md")],
                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
     steps = [line for line in out.stdout.splitlines() if line.startswith("[")]
@@ -34,12 +34,14 @@ def test_gpu_check_dry_run_lists_the_tests_the_bench_and_the_run_in_order_within
     replay = first("--cases replay-1M,replay-10M")
     assert re.search(r"--batch-sizes 256,4096(\s|$)", steps[replay]), steps[replay]
     run = first(" -m actorlearner run ", "--env MinAtar/Breakout-v1", "--actors 8 ", "--num-envs 8 ",
-                "--device cuda", "--max-seconds 180")
+                "--device cuda", "--max-seconds 100")
     assert tests < min(benches) and max(benches) < run, out.stdout
 
     budgets = [int(re.search(r"\(budget (\d+) s\)", line)[1]) for line in steps]
-    assert all(b > 0 for b in budgets) and sum(budgets) <= 480, budgets
-    assert budgets[run] > 180, "the 3-minute run needs its 180 s and its start and stop"
+    assert all(b > 0 for b in budgets) and sum(budgets) <= 540, budgets
+    assert budgets[run] > 100, "the 100 s run needs its 100 s and its start and stop"
+    pixels = [first(" -m actorlearner run ", f"--env {env} --max-seconds 60") for env in ("MinAtar/Breakout-v1", "ALE/Pong-v5")]
+    assert run < pixels[0] < pixels[1] and all(budgets[i] > 60 for i in pixels), "pixel runs with the defaults, last"
 
 
 def test_bench_learner_fails_when_a_case_asked_to_be_captured_ran_eagerly(tmp_path) -> None:
