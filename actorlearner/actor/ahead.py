@@ -266,9 +266,9 @@ class LoopProcess:
             if kind == "step" and (epoch is None or got_epoch == epoch):
                 return step
 
-    def _next(self, timeout: float = 1.0) -> tuple[str, int | None, Any]:
+    def _next(self) -> tuple[str, int | None, Any]:
         try:
-            while (message := self._steps.take(timeout)) is None:
+            while (message := self._steps.take(timeout=1.0)) is None:
                 if not self._process.is_alive():
                     raise RuntimeError(f"the env loop process exited (code {self._process.exitcode})")
                 if self._interrupt.is_set():

@@ -32,7 +32,8 @@ def actor_command(config: ActorConfig) -> int:
 
     def stop() -> None:
         actor.stop()
-        deadline = threading.Timer(FLUSH_SECONDS + STOP_MARGIN, _give_up)
+        grace = FLUSH_SECONDS + STOP_MARGIN
+        deadline = threading.Timer(grace, _give_up, args=(grace,))
         deadline.daemon = True
         deadline.start()
 
@@ -58,10 +59,10 @@ STOP_MARGIN = 10.0
 """Seconds a stopping actor has, past its flush, to close its envs and exit before it exits at once."""
 
 
-def _give_up() -> None:
+def _give_up(grace: float) -> None:
     """Exit now: a stopping actor outlived its grace (a child that stopped answering, say); its children end
     with it (`actorlearner.lifeline`)."""
-    logger.error("the actor did not stop within %.0f s of being asked; exiting now", STOP_MARGIN)
+    logger.error("the actor did not stop within %.0f s of being asked; exiting now", grace)
     logging.shutdown()
     os._exit(1)
 
