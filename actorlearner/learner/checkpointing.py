@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from actorlearner.checkpoint.parts import CheckpointError
 from actorlearner.checkpoint.store import CheckpointStore
 from actorlearner.config import LearnerConfig
-from actorlearner.learner.distributed import SingleRank
+from actorlearner.learner.distributed import Ranks
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ class Checkpointing:
     """Where checkpoints go: ``checkpoint_dir`` (``rank-R`` below it for a data-parallel rank), or nowhere
     when it is empty. ``run_record`` is what a checkpoint needs to rebuild its policy without the learner."""
 
-    def __init__(self, config: LearnerConfig, data_parallel: SingleRank, run_record: Callable[[], dict]):
+    def __init__(self, config: LearnerConfig, data_parallel: Ranks, run_record: Callable[[], dict]):
         directory, world = config.checkpoint_dir, data_parallel.world
         if directory and world.size > 1:  # each rank its own shard (and the same networks)
             directory = os.path.join(directory, f"rank-{world.rank}")

@@ -117,6 +117,9 @@ def choose_backend(devices: Sequence[str]) -> tuple[str, str]:
 class SingleRank:
     """A learner on its own: a world of one, where every agreement is the rank's own word."""
 
+    captures = True
+    """Whether a training round may run as one captured device step (nothing to all-reduce inside it)."""
+
     def __init__(self, world: World):
         self.world = world
 
@@ -143,13 +146,17 @@ class SingleRank:
         """Nothing to leave."""
 
 
-def join_world(world: World, device: torch.device, timeout: float) -> SingleRank | DataParallel:
+def join_world(world: World, device: torch.device, timeout: float) -> Ranks:
     """This learner's place among the ranks: the process group when there are others, else a world of one."""
     return DataParallel(world, device, timeout) if world.size > 1 else SingleRank(world)
 
 
-class DataParallel(SingleRank):
-    """One rank's membership of the process group (joined on construction, waiting for every rank)."""
+class DataParallel:
+    """One rank's membership of the process group (joined on construction, waiting for every rank): the
+    same calls as :class:`SingleRank`, each a collective over the ranks."""
+
+    captures = False
+    """Its optimizer steps all-reduce the gradients, which a CUDA graph cannot hold: rounds run eagerly."""
 
     def __init__(self, world: World, device: torch.device, timeout: float):
         self.world = world
@@ -252,3 +259,7 @@ class DataParallel(SingleRank):
         running, they abort the process at exit (std::terminate, exit -6) after a clean stop."""
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+Ranks = SingleRank | DataParallel
+"""This learner's place among the ranks, and the calls that keep them in lockstep."""

@@ -1,8 +1,8 @@
 """The learner: its parts, each holding one role and its own state, composed and wired together.
 
 Who does what: :mod:`.replay_service` owns the replay, its rate limiter, lock and seq table; :mod:`.registry`
-knows the actors; :mod:`.ingest` checks their batches and stores them exactly once; :mod:`.trainer` is the
-loop that samples, updates and publishes (one update is ``TrainingLoop._round``); :mod:`.publishing` sends
+knows the actors; :mod:`.ingest` checks their batches and stores them exactly once; :mod:`.training` is the
+loop of training rounds (:mod:`.round`: sample, agree, update) that publishes; :mod:`.publishing` sends
 each version out; :mod:`.evaluating` scores it; :mod:`.progress` counts and logs; :mod:`.checkpointing`
 finds and writes checkpoints; :mod:`.roles` holds the optional ones. Each part saves, restores and
 reports itself: the Learner asks each in turn.
@@ -38,7 +38,7 @@ from actorlearner.learner.registry import ActorRegistry, ActorSession
 from actorlearner.learner.replay_service import ReplayService
 from actorlearner.learner.roles import Roles, SelfPlay, StreamFeed
 from actorlearner.learner.spec import Refusal, check_hello, field_specs
-from actorlearner.learner.trainer import TrainingLoop
+from actorlearner.learner.training import TrainingLoop
 from actorlearner.metrics import Metric
 from actorlearner.streaming.broadcast import ONNX_FORMAT, PolicyBroadcast
 from actorlearner.v1 import learner_pb2 as pb

@@ -13,7 +13,7 @@ from actorlearner import telemetry
 from actorlearner.config import LearnerConfig
 from actorlearner.frames import FrameLayout, default_frame_capacity
 from actorlearner.metrics import Metric
-from actorlearner.replay import PrioritizedReplay, RateLimiter, ReplaySnapshot, make_replay
+from actorlearner.replay import DeviceSampling, PrioritizedReplay, RateLimiter, ReplaySnapshot, Sample, make_replay
 from actorlearner.v1 import learner_pb2 as pb
 
 COPY_UNLOCKED_BYTES = 1 << 18
@@ -71,6 +71,7 @@ class ReplayService:
         self.buffer: PrioritizedReplay = make_replay(
             config.replay_capacity, fields, alpha=config.alpha, beta=config.beta, beta_steps=config.beta_steps,
             device=device, frames=frames, frame_capacity=frame_capacity)
+        self._sampling: DeviceSampling | None = self.buffer.device_sampling()
         self.limiter = RateLimiter(config.min_replay_size, config.samples_per_insert, config.rate_error_buffer)
         self.checkpointed = config.checkpoint_replay  # whether checkpoints hold the buffer
         self.stopping = stopping
@@ -183,9 +184,46 @@ class ReplayService:
         """Leave to sample ``n`` items once the rate limiter gives it (within ``timeout``): use it in a ``with``."""
         return Credit(self.limiter, n, timeout)
 
-    def locked(self) -> contextlib.AbstractContextManager:
-        """Hold the lock every buffer call runs under (sampling and priority updates)."""
-        return self._lock
+    def sample(self, n: int, min_policy_version: int | None = None) -> Sample:
+        """``n`` items drawn by priority (:class:`NothingRecentEnough` when every item is older than
+        ``min_policy_version``)."""
+        with self._lock:
+            return self.buffer.sample(n, min_policy_version=min_policy_version)
+
+    def update_priorities(self, indices: torch.Tensor, priorities: torch.Tensor) -> None:
+        """New priorities for sampled items (an item overwritten since is left alone)."""
+        with self._lock:
+            self.buffer.update_priorities(indices, priorities)
+
+    def device_sampling(self) -> DeviceSampling | None:
+        """This service, whose :class:`DeviceSampling` calls run the buffer's under the lock, or None where the
+        buffer has none (inserts go on between the calls, as between an eager sample and its priority update)."""
+        return self if self._sampling is not None else None
+
+    def start_sample(self, batch_size: int, min_policy_version: int | None = None) -> bool:
+        with self._lock:
+            return self._sampling.start_sample(batch_size, min_policy_version)
+
+    def draw(self, batch_size: int) -> Sample:
+        with self._lock:
+            return self._sampling.draw(batch_size)
+
+    def draw_on_host(self, batch_size: int) -> Sample:
+        with self._lock:
+            return self._sampling.draw_on_host(batch_size)
+
+    def launch(self, graph: torch.cuda.CUDAGraph) -> None:
+        with self._lock:
+            self._sampling.launch(graph)
+
+    def check_errors(self) -> None:
+        """Raise what the buffer refused since the last check (device-side checks are read here)."""
+        with self._lock:
+            self.buffer.check_errors()
+
+    @property
+    def device(self) -> torch.device:
+        return self.buffer.device
 
     # -- the state as of one instant, and changes to it ----------------------------------------
 
@@ -245,3 +283,4 @@ class ReplayService:
 
     def progress(self) -> dict:
         return {"buffer_size": len(self.buffer), "buffer_capacity": self.buffer.capacity}
+

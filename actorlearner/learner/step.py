@@ -9,7 +9,6 @@ meanwhile: see `PrioritizedReplay.check_errors`).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Hashable, Mapping
 
@@ -22,6 +21,9 @@ logger = logging.getLogger(__name__)
 
 WARMUP_STEPS = 3
 """Eager steps of a phase on a side stream before it is captured (lazy state, allocator pools)."""
+
+DRAW_ON_DEVICE = object()
+"""What :meth:`LearnerStep.prepare` gives when the captured step draws its own sample."""
 
 
 class MetricSums:
@@ -102,10 +104,11 @@ def _stacked(values: list[torch.Tensor]) -> torch.Tensor:
 class LearnerStep:
     """``step(min_policy_version)`` runs one step; :meth:`read_metrics` gives the metric means since the last read.
 
-    ``capture``: None captures on CUDA when the trainer and the replay allow it (the replay's
-    :class:`DeviceSampling` on CUDA, the trainer's device); False never does.
-    Callers that must act between the sample and the update (data-parallel ranks agree there) use
-    :meth:`sample` and :meth:`learn` instead, always eager.
+    ``replay``: a :class:`PrioritizedReplay`, or anything that samples and takes priorities as it does (the
+    learner's replay service, which holds the buffer and its lock). ``capture``: None captures on CUDA when
+    the trainer and the replay allow it (the replay's :class:`DeviceSampling` on CUDA, the trainer's
+    device); False never does. A caller that acts between the host half of a step and the rest (data-parallel
+    ranks agree there) calls :meth:`prepare` and :meth:`run`; ``step()`` is the two in a row.
     """
 
     def __init__(self, trainer: Trainer, replay: PrioritizedReplay, batch_size: int, *, capture: bool | None = None):
@@ -121,37 +124,35 @@ class LearnerStep:
 
     def __call__(self, min_policy_version: int | None = None) -> bool:
         """One step; False when nothing is recent enough to sample (the caller waits and tries again)."""
-        if not self.capture:
-            sample = self.sample(min_policy_version)
-            if sample is None:
-                return False
-            self.learn(sample)
-            return True
-        try:
-            drawable = self._sampling.start_sample(self.batch_size, min_policy_version)
-            sample = None if drawable else self._sampling.draw_on_host(self.batch_size)  # zero priorities: reads
-        except NothingRecentEnough:
+        prepared = self.prepare(min_policy_version)
+        if prepared is None:
             return False
-        if sample is not None:
-            self.learn(sample)
-        else:
-            self._captured_step()
+        self.run(prepared)
         return True
 
-    def sample(self, min_policy_version: int | None = None) -> Sample | None:
-        """A replay sample, or None when nothing is recent enough."""
+    def prepare(self, min_policy_version: int | None = None) -> Sample | object | None:
+        """The host half of a step: the sample to learn from, :data:`DRAW_ON_DEVICE` when the captured step
+        will draw it, or None when nothing is recent enough."""
         try:
-            return self.replay.sample(self.batch_size, min_policy_version=min_policy_version)
+            if not self.capture:
+                return self.replay.sample(self.batch_size, min_policy_version=min_policy_version)
+            if self._sampling.start_sample(self.batch_size, min_policy_version):
+                return DRAW_ON_DEVICE
+            return self._sampling.draw_on_host(self.batch_size)  # zero priorities: reads
         except NothingRecentEnough:
             return None
 
-    def learn(self, sample: Sample, update_lock: contextlib.AbstractContextManager | None = None,
-              replay_lock: contextlib.AbstractContextManager | None = None) -> None:
-        """The update on ``sample`` (under ``update_lock``) and its new priorities (under ``replay_lock``)."""
-        with update_lock or contextlib.nullcontext():
-            priorities, metrics = self.trainer.update(sample)
-        with replay_lock or contextlib.nullcontext():
-            self.replay.update_priorities(sample.indices, priorities)
+    def run(self, prepared: Sample | object) -> None:
+        """The rest of the step :meth:`prepare` began: the update and its new priorities."""
+        if prepared is DRAW_ON_DEVICE:
+            self._captured_step()
+        else:
+            self.learn(prepared)
+
+    def learn(self, sample: Sample) -> None:
+        """The update on ``sample`` and its new priorities, eagerly."""
+        priorities, metrics = self.trainer.update(sample)
+        self.replay.update_priorities(sample.indices, priorities)
         self.metrics.add(metrics)
 
     def read_metrics(self) -> dict[str, float]:
@@ -184,7 +185,7 @@ class LearnerStep:
             else:
                 self._try_capture(phase, tuple(metrics))
         else:
-            entry.replay()  # its metrics go to the sums inside the graph
+            self._sampling.launch(entry)  # its metrics go to the sums inside the graph
             self.metrics.count += 1
         self.trainer.advance()
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from actorlearner.frames import FrameLayout
-from actorlearner.replay.checkpoint import Checkpointing
+from actorlearner.replay.checkpoint import ReplayState
 from actorlearner.replay.frame_ring import FRAME, FrameRing
 from actorlearner.replay.layout import KEY, VERSION, FieldSpec, gather_rows, numpy_dtype, row_layout, typed_columns
 from actorlearner.replay.sampling import DeviceSampling, NothingRecentEnough, Sample
@@ -47,7 +47,7 @@ class Reservation:
     """A frame-stacked replay's: the reservation of the batch's frames in its frame ring."""
 
 
-class PrioritizedReplay(Checkpointing, ABC):
+class PrioritizedReplay(ReplayState, ABC):
     """Proportional prioritized replay (Schaul et al.) with batched, loop-free operations.
 
     Each item's fields, key and policy version sit in one fixed-width byte row, so

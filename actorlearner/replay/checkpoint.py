@@ -14,7 +14,7 @@ import torch
 from actorlearner.replay.snapshot import ReplaySnapshot, SnapshotColumn
 
 
-class Checkpointing:
+class ReplayState:
     """Snapshots and state dicts: a mixin of :class:`~actorlearner.replay.buffer.PrioritizedReplay`, whose
     storage and counters it reads and restores."""
 

@@ -122,6 +122,10 @@ class DeviceReplay(PrioritizedReplay):
         (raising :class:`NothingRecentEnough` when none is eligible); reads the device."""
         return super()._draw(batch_size, self._host_beta)
 
+    def launch(self, graph: torch.cuda.CUDAGraph) -> None:
+        """Replay a captured step drawing from this replay (one launch)."""
+        graph.replay()
+
     def _draw(self, batch_size: int, beta: float) -> Sample:
         return self.draw(batch_size) if self._set_beta(beta) else self.draw_on_host(batch_size)
 

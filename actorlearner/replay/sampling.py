@@ -47,3 +47,7 @@ class DeviceSampling(Protocol):
 
     def draw_on_host(self, batch_size: int) -> Sample:
         """A sample after :meth:`start_sample` said False (uniform over eligible items; reads the device)."""
+
+    def launch(self, graph: torch.cuda.CUDAGraph) -> None:
+        """Replay a captured step that draws from this replay and writes its priorities, ordered with its
+        other writers."""

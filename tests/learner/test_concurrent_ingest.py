@@ -63,7 +63,7 @@ def test_a_batch_is_stored_while_another_insert_is_open_and_a_checkpoint_waits_f
     slow = batch(1, n=64).batch
     slow_items = wire.decode_batch(slow.payload, slow.codec, learner.fields, slow.num_transitions)
     with serve(learner, "127.0.0.1", 0) as port:
-        with learner.replay.locked():
+        with learner.replay.inserts_changed:  # the service's lock, held as an insert holds it to reserve
             open_insert = learner.replay.buffer.reserve(slow_items)
         stream = RawStream(f"127.0.0.1:{port}", hello("fast"), *(batch(seq, n=32) for seq in (1, 2, 3)))
         try:
@@ -77,7 +77,7 @@ def test_a_batch_is_stored_while_another_insert_is_open_and_a_checkpoint_waits_f
             stream.send(batch(4, n=32))  # a new insert: held at the gate until the checkpoint's instant
             assert checkpoint.is_alive()
             learner.replay.buffer.write(open_insert)
-            with learner.replay.locked():
+            with learner.replay.inserts_changed:
                 learner.replay.buffer.commit(open_insert)
                 learner.replay.inserts_changed.notify_all()
             checkpoint.join(60)

@@ -91,8 +91,7 @@ def test_a_large_batch_through_the_server_is_stored_and_a_bad_one_refused():
     with serve(learner, "127.0.0.1", 0) as port:
         stream = RawStream(f"127.0.0.1:{port}", hello("big"), batch(1, BIG, tag=3.0))
         assert stream.next("ack").ack.seq == 1
-        with learner.replay.locked():
-            sample = learner.replay.buffer.sample(64)
+        sample = learner.replay.sample(64)
         obs = sample.data["obs"].numpy()
         assert (obs[:, 0] == 1).all() and (obs[:, 2] == 3.0).all()
         assert sorted(obs[:, 1].astype(int).tolist()) == sorted(sample.indices.tolist())

@@ -119,7 +119,7 @@ def test_no_module_imports_a_module_of_its_package_that_imports_it_back():
     packages = sorted({unit(p) for p in modules() if p.parent != PACKAGE})
     found = {package: groups for package in packages if (groups := cycles(module_graph(package)))}
     assert found == {}
-    assert module_graph("learner")["learner.learner"] >= {"learner.trainer", "learner.replay_service"}  # it looks
+    assert module_graph("learner")["learner.learner"] >= {"learner.training", "learner.replay_service"}  # it looks
 
 
 def constructor_arguments(package: str) -> dict[str, list[tuple[str, str]]]:
@@ -145,6 +145,35 @@ def test_the_learners_parts_take_few_arguments_and_no_lock():
     locks = {name: arg for name, args in arguments.items() for arg in args
              if any(kind in arg[0] + arg[1] for kind in ("lock", "Lock", "Condition", "Semaphore"))}
     assert locks == {}
+
+
+def uses(attribute: str, called: bool = False) -> set[str]:
+    """The modules (``learner.round``) that read ``attribute`` of anything (or, ``called``, call it)."""
+    found = set()
+    for path in modules():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            target = node.func if called and isinstance(node, ast.Call) else node
+            if isinstance(target, ast.Attribute) and target.attr == attribute and (called or isinstance(node, ast.Attribute)):
+                found.add(module_name(path))
+    return found
+
+
+def calls(name: str) -> set[str]:
+    """The modules that call ``name`` (a class or function, by its bare name)."""
+    return {module_name(path) for path in modules() for node in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name}
+
+
+def test_one_part_holds_the_buffer_and_its_lock_and_one_runs_the_round():
+    """Only the replay service touches its buffer (``replay.buffer``) and lock; the training round alone takes
+    leave to sample, asks the ranks to agree and builds the step; nothing hands a lock to a caller."""
+    readers = {name for name in uses("buffer")
+               if name.startswith("learner.") and name != "learner.replay_service"}
+    assert readers == set(), f"modules reaching into the replay service's buffer: {readers}"
+    assert uses("locked", called=True) == set()
+    assert uses("credit", called=True) == {"learner.round"}
+    assert uses("agree", called=True) == {"learner.round"}
+    assert calls("LearnerStep") == {"learner.round"} and calls("TrainingRound") == {"learner.training"}
 
 
 def test_the_cycle_check_finds_a_two_way_and_a_three_way_import():
