@@ -12,7 +12,8 @@ import torch
 from actorlearner import wire
 from actorlearner.config import LearnerConfig
 from actorlearner.learner.progress import Progress
-from actorlearner.learner.registry import ActorRegistry, ActorSession
+from actorlearner.learner.exactly_once import ExactlyOnce
+from actorlearner.learner.registry import ActorSession
 from actorlearner.learner.replay_service import ReplayService
 from actorlearner.learner.roles import Roles
 from actorlearner.v1 import learner_pb2 as pb
@@ -23,10 +24,10 @@ class Ingest:
     role's record and the counts made as it commits."""
 
     def __init__(self, config: LearnerConfig, fields: dict[str, tuple[tuple[int, ...], torch.dtype]],
-                 replay: ReplayService, registry: ActorRegistry, roles: Roles, progress: Progress):
+                 replay: ReplayService, exactly_once: ExactlyOnce, roles: Roles, progress: Progress):
         self.fields = {name: (tuple(shape), wire.np_dtype(dtype)) for name, (shape, dtype) in fields.items()}
         self.max_message_bytes = config.max_message_bytes
-        self.replay, self.registry, self.roles, self.progress = replay, registry, roles, progress
+        self.replay, self.exactly_once, self.roles, self.progress = replay, exactly_once, roles, progress
         self.inserted_batches = 0
 
     def ingest(self, session: ActorSession, batch: pb.TrajectoryBatch, payload: memoryview | None = None) -> bool:
@@ -55,7 +56,7 @@ class Ingest:
         """The batch's arrays, size and priorities, checked; None for a duplicate. WireError for bad input."""
         record = session.record
         record.last_seen = time.time()
-        if self.registry.duplicate(session, batch.seq, self.replay.stored_seq(record.actor_id)):
+        if self.exactly_once.duplicate(session, batch.seq):
             return None
         newest = max(self.progress.version, session.hello_version)
         if not 0 <= batch.policy_version <= newest:

@@ -1,9 +1,9 @@
 """The learner: its parts, each holding one role and its own state, composed and wired together.
 
-Who does what: :mod:`.replay_service` owns the replay, its rate limiter, lock and seq table; :mod:`.registry`
-knows the actors; :mod:`.ingest` checks their batches and stores them exactly once; :mod:`.training` is the
-loop of training rounds (:mod:`.round`: sample, agree, update) that publishes; :mod:`.publishing` sends
-each version out; :mod:`.evaluating` scores it; :mod:`.progress` counts and logs; :mod:`.checkpointing`
+Who does what: :mod:`.replay_service` owns the replay, its rate limiter and lock; :mod:`.exactly_once` the
+seq table that keeps inserts exactly once; :mod:`.registry` knows the actors; :mod:`.ingest` checks their
+batches; :mod:`.training` is the loop of training rounds (:mod:`.round`: sample, agree, update); :mod:`.publishing`
+sends each version out; :mod:`.evaluating` scores it; :mod:`.progress` counts and logs; :mod:`.checkpointing`
 finds and writes checkpoints; :mod:`.roles` holds the optional ones. Each part saves, restores and
 reports itself: the Learner asks each in turn.
 """
@@ -29,6 +29,7 @@ from actorlearner.frames import algorithm_frames, batch_fields, frame_stack_of
 from actorlearner.learner.checkpointing import Checkpointing
 from actorlearner.learner.distributed import join_world, local_device, resolve_world
 from actorlearner.learner.evaluating import Evaluation
+from actorlearner.learner.exactly_once import ExactlyOnce
 from actorlearner.learner.ingest import Ingest
 from actorlearner.learner.onnx_feed import OnnxFeed
 from actorlearner.learner.parameters import Change, ParameterError, current_values, plan
@@ -115,7 +116,9 @@ class Learner:
 
         # The parts.
         self.progress = Progress(config.logdir)
-        self.replay = ReplayService(config, stored, self.frame_layout, self.device, self.stopping)
+        self.registry = ActorRegistry(config)
+        self.exactly_once = ExactlyOnce(config, self.registry)
+        self.replay = ReplayService(config, stored, self.frame_layout, self.device, self.exactly_once, self.stopping)
         self.broadcast = PolicyBroadcast(config.chunk_bytes)
         self.roles = SelfPlay(config, eval_opponent, spaces, self.progress.telemetry,
                               lambda: self.publishing.nudge(), shared=self.world.size > 1) if self.agents else Roles()
@@ -125,11 +128,10 @@ class Learner:
         self.publishing = Publishing(self.broadcast, self.onnx_feed, self.roles)
         self.data_parallel = join_world(self.world, self.device, config.dist_timeout)
         self.checkpoints = Checkpointing(config, self.data_parallel, self.run_record)
-        self.registry = ActorRegistry(config, self.replay.forget)
         self.training = TrainingLoop(config, self.algorithm, self.replay, self.publishing, self.data_parallel,
                                      self.progress, self.stopping)
         self.failed = self.training.failed  # training raised: the process should drain and exit non-zero
-        self.ingestion = Ingest(config, self.fields, self.replay, self.registry, self.roles, self.progress)
+        self.ingestion = Ingest(config, self.fields, self.replay, self.exactly_once, self.roles, self.progress)
         self.evaluation = Evaluation(config, eval_policy, self.broadcast, self.roles, self.progress, self.checkpoints)
         self.progress.gauge(self.replay.gauges)
         self.progress.gauge(lambda: {telemetry.POLICY_LAG_MAX: self.registry.lag_max(self.progress.version)})
@@ -175,6 +177,7 @@ class Learner:
         stream takes state dicts (an ONNX model returns actions only)."""
         priorities = (self.config.actor_priorities and self.gives_priorities and not hello.relay
                       and hello.policy_format != ONNX_FORMAT)
+        self.exactly_once.expire()
         return self.registry.connect(hello, via, self.progress.version, priorities)
 
     def disconnect(self, session: ActorSession) -> None:
@@ -256,7 +259,7 @@ class Learner:
         self.publishing.flush()  # the roles' state holds every version published so far
         with self.replay.quiesced():
             step = self.progress.updates
-            learner_state = {**self.progress.state(), **self.replay.state(),
+            learner_state = {**self.progress.state(), **self.replay.state(), **self.exactly_once.state(),
                              "parameters": dict(self.changed_parameters), "world_size": self.world.size}
             snapshot = self.replay.snapshot()
             league = self.roles.state()
@@ -287,8 +290,8 @@ class Learner:
                 logger.warning("checkpoint %d: runtime parameters %s not restored: %s", step, state["parameters"], exc)
         self.algorithm.load_state_dict(parts["algorithm"])
         self.replay.load_state(state, parts.get("replay"))
+        self.exactly_once.load_state(state)
         self.progress.load_state(state)
-        self.registry.remember(self.replay.seq_table)
         if "league" in parts:
             self.roles.load_state(parts["league"])
         if "rng" in parts:
@@ -304,6 +307,7 @@ class Learner:
 
     def status(self) -> pb.StatusResponse:
         """A snapshot for GetStatus: every part's report, and every actor seen within ``actor_ttl``."""
+        self.exactly_once.expire()
         parameters = current_values(self.config, self.algorithm_class.name, self.algorithm_config)
         response = pb.StatusResponse(learner_id=self.learner_id, parameters=_parameters(parameters),
                                      changed_parameters=_parameters(self.changed_parameters))

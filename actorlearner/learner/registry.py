@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from actorlearner import telemetry
 from actorlearner.config import LearnerConfig
 from actorlearner.metrics import Metric
 from actorlearner.v1 import learner_pb2 as pb
-
-logger = logging.getLogger(__name__)
-
 
 @dataclass
 class ActorRecord:
@@ -54,21 +50,18 @@ class ActorSession:
 
 
 class ActorRegistry:
-    """Actor records by id, under :attr:`lock`. ``forget`` is told of the actors dropped after ``actor_ttl``
-    (the replay's seq table drops their seqs), within the same hold of the lock."""
+    """Actor records by id, under :attr:`lock`, until they have been gone ``actor_ttl``
+    (:meth:`drop_departed`, which the exactly-once part calls with the seqs it forgets)."""
 
-    def __init__(self, config: LearnerConfig, forget: Callable[[Iterable[str]], None]):
-        self.actor_ttl, self.num_actors, self.max_unacked = config.actor_ttl, config.num_actors, config.max_unacked
-        self.forget = forget
+    def __init__(self, config: LearnerConfig):
+        self.num_actors = config.num_actors
         self.lock = threading.Lock()
         self.actors: dict[str, ActorRecord] = {}
-        self._last_forget = 0.0
 
     def connect(self, hello: pb.Hello, via: str, version: int, priorities: bool) -> ActorSession:
         """Open a stream for an actor id (known or new), directly or through relay ``via``, while the
         learner's version is ``version``; while connected an actor (not a relay) holds a distinct Ape-X index.
         ``priorities``: whether the session's batches must carry their priorities."""
-        self.forget_departed()
         with self.lock:
             record = self.actors.get(hello.actor_id)
             if record is None:
@@ -87,24 +80,13 @@ class ActorRegistry:
             session.record.sessions -= 1
             session.record.last_seen = time.time()
 
-    def forget_departed(self, min_interval: float = 1.0) -> None:
-        """Drop actors gone longer than ``actor_ttl``, with their duplicate filters (at most every ``min_interval`` s).
-
-        Every pod restart on Kubernetes is a new actor id: without this, records grow forever.
-        An actor that comes back later is treated as new.
-        """
-        now = time.time()
-        if now - self._last_forget < min_interval:
-            return
-        self._last_forget = now
-        cutoff = now - self.actor_ttl
+    def drop_departed(self, cutoff: float) -> list[str]:
+        """Drop the actors gone since before ``cutoff`` (a time); their ids. One that comes back later is new."""
         with self.lock:
             gone = [r.actor_id for r in self.actors.values() if not r.connected and r.last_seen < cutoff]
             for actor_id in gone:
                 del self.actors[actor_id]
-            self.forget(gone)
-        if gone:
-            logger.info("forgot %d actors gone longer than %.0f s", len(gone), self.actor_ttl)
+        return gone
 
     def _free_index(self, previous: int | None) -> int:
         """The Ape-X index for an actor (re)connecting: its previous one if free, else the least used."""
@@ -113,22 +95,6 @@ class ActorRegistry:
         if previous is not None and previous < n and not taken[previous]:
             return previous
         return min(range(n), key=lambda i: (taken[i], i))
-
-    def duplicate(self, session: ActorSession, seq: int, stored: int) -> bool:
-        """Whether ``seq`` was stored already (``stored`` is the highest stored from the actor): a resend. More of them on one stream than a window
-        suggests the actor's seqs restarted below what it sent before, so that nothing it sends is
-        stored: warned once per stream (and counted in status). Not refused: a learner restarted
-        with a smaller window cannot tell that from a legal resend of the actor's older, larger window."""
-        if seq > stored:
-            return False
-        session.duplicates += 1
-        session.record.duplicates += 1
-        if session.duplicates == self.max_unacked + 1:
-            logger.warning("actor %s: %d batches on one stream had seqs not above %d, the highest stored for this "
-                           "actor_id: more than a window (%d). If the actor's seqs restarted, nothing it sends is "
-                           "stored: it must continue above %d or use a new actor_id", session.record.actor_id,
-                           session.duplicates, stored, self.max_unacked, stored)
-        return True
 
     def records(self) -> list[ActorRecord]:
         """Every remembered actor, now."""
@@ -140,8 +106,7 @@ class ActorRegistry:
         self.actors = {actor_id: ActorRecord(actor_id) for actor_id in actor_ids}
 
     def report(self, response: pb.StatusResponse) -> None:
-        """Every actor seen within ``actor_ttl``, with its lag behind ``response.policy_version``."""
-        self.forget_departed()
+        """Every actor remembered, with its lag behind ``response.policy_version``."""
         version = response.policy_version
         response.actors.extend(
             pb.ActorStatus(actor_id=r.actor_id, policy_version=r.policy_version, lag=version - r.policy_version,

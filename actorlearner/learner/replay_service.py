@@ -1,17 +1,19 @@
-"""The learner's replay service: the buffer and all that guards it (rate limiter, lock, seq table), offering
-exactly-once inserts, sampling credit, priority updates and checkpoint snapshots."""
+"""The learner's replay service: the buffer and all that guards it (rate limiter, lock), offering inserts
+kept exactly once by the seq table (:mod:`.exactly_once`), sampling credit, priority updates and checkpoint
+snapshots."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
 from actorlearner import telemetry
 from actorlearner.config import LearnerConfig
 from actorlearner.frames import FrameLayout, default_frame_capacity
+from actorlearner.learner.exactly_once import ExactlyOnce
 from actorlearner.metrics import Metric
 from actorlearner.replay import DeviceSampling, PrioritizedReplay, RateLimiter, ReplaySnapshot, Sample, make_replay
 from actorlearner.v1 import learner_pb2 as pb
@@ -54,9 +56,8 @@ class Credit:
 
 
 class ReplayService:
-    """The replay buffer (its path chosen by `make_replay`), the rate limiter, the lock every buffer call runs
-    under, and the seq table: the highest stored seq per actor id, the duplicate filter, which changes
-    with the buffer's contents.
+    """The replay buffer (its path chosen by `make_replay`), the rate limiter and the lock every buffer call
+    runs under, which also keeps the seq table (``exactly_once``) in step with the buffer's contents.
 
     Inserts from any thread, or the serving loop (:meth:`insert_async`): each reserves its rows under the lock, copies them without it (when
     large) and commits under it again. :meth:`quiesced` waits for open inserts, for a state of the
@@ -65,7 +66,8 @@ class ReplayService:
     """
 
     def __init__(self, config: LearnerConfig, fields: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
-                 frames: FrameLayout | None, device: torch.device, stopping: threading.Event):
+                 frames: FrameLayout | None, device: torch.device, exactly_once: ExactlyOnce,
+                 stopping: threading.Event):
         frame_capacity = (config.replay_frames or default_frame_capacity(frames, fields, config.replay_capacity)
                           if frames is not None else 0)
         self.buffer: PrioritizedReplay = make_replay(
@@ -74,8 +76,7 @@ class ReplayService:
         self._sampling: DeviceSampling | None = self.buffer.device_sampling()
         self.limiter = RateLimiter(config.min_replay_size, config.samples_per_insert, config.rate_error_buffer)
         self.checkpointed = config.checkpoint_replay  # whether checkpoints hold the buffer
-        self.stopping = stopping
-        self.seq_table: dict[str, int] = {}
+        self.stopping, self.exactly_once = stopping, exactly_once
         self.insert_meter = telemetry.RateMeter()
         self._lock = threading.Lock()
         self.inserts_changed = threading.Condition(self._lock)  # an insert committed, or the gate opened
@@ -86,10 +87,6 @@ class ReplayService:
         return len(self.buffer)
 
     # -- inserts -------------------------------------------------------------------------------
-
-    def stored_seq(self, actor_id: str) -> int:
-        """The highest seq stored from ``actor_id`` (-1 for none)."""
-        return self.seq_table.get(actor_id, -1)
 
     def insert(self, actor_id: str, seq: int, arrays: Mapping, n: int, priorities, policy_version: int,
                ended: threading.Event, committed: Callable[[], None]) -> bool:
@@ -123,10 +120,10 @@ class ReplayService:
                     self.inserts_changed.wait()
                 if self._sealed:
                     raise InsertAborted("the learner is shutting down")
-                previous = self.seq_table.get(actor_id, -1)
+                previous = self.exactly_once.stored(actor_id)
                 if seq > previous:  # not stored meanwhile by another stream: claim it
                     reservation = self.buffer.reserve(arrays, priorities, policy_version=policy_version)
-                    self.seq_table[actor_id] = seq
+                    self.exactly_once.claim_seq(actor_id, seq)
                     if sum(a.nbytes for a in arrays.values()) < COPY_UNLOCKED_BYTES:
                         self.buffer.write(reservation)
                         inserted = self._commit(reservation, committed)
@@ -140,8 +137,7 @@ class ReplayService:
                 if reservation is not None:  # the write failed: nothing of the batch is stored, it may come again
                     with self._lock:
                         self.buffer.abort(reservation)
-                        if self.seq_table.get(actor_id) == seq:
-                            self.seq_table[actor_id] = previous
+                        self.exactly_once.release_seq(actor_id, seq, previous)
                         self.inserts_changed.notify_all()
         if inserted:
             self.insert_meter.add(n)
@@ -162,12 +158,6 @@ class ReplayService:
         if ended.is_set():
             self.limiter.refund_insert(n)
             raise InsertAborted("the stream ended")
-
-    def forget(self, actor_ids: Iterable[str]) -> None:
-        """Drop these actors' seqs: a batch from them is new again."""
-        with self._lock:
-            for actor_id in actor_ids:
-                self.seq_table.pop(actor_id, None)
 
     def seal(self) -> None:
         """Refuse every insert from now on (its batch stays unacked, and is resent to the next learner)."""
@@ -240,10 +230,15 @@ class ReplayService:
             yield
 
     def state(self) -> dict:
-        """Within :meth:`quiesced`: the seq table and the limiter's counts. The limiter's inserts are the
+        """Within :meth:`quiesced` (where the exactly-once part's state matches the buffer): the limiter's counts. The limiter's inserts are the
         buffer's own, not those of batches admitted but not stored yet (dropped if the learner stops first)."""
-        return {"seq_table": dict(self.seq_table), "inserts": self.buffer.inserted - self.buffer.abandoned,
+        return {"inserts": self.buffer.inserted - self.buffer.abandoned,
                 "samples": self.limiter.samples, "shift": self.limiter.shift}
+
+    @property
+    def seq_table(self) -> dict[str, int]:
+        """The seqs stored with the buffer's contents, by actor id (a copy)."""
+        return self.exactly_once.seq_table
 
     def snapshot(self) -> ReplaySnapshot | None:
         """Within :meth:`quiesced`: the buffer as of now, read out later in chunks while inserts go on (None
@@ -251,11 +246,10 @@ class ReplayService:
         return self.buffer.snapshot(self._lock) if self.checkpointed else None
 
     def load_state(self, state: Mapping, buffer: Mapping | None) -> None:
-        """A checkpoint's seq table, and its buffer with the limiter's counts (without it both start empty)."""
+        """A checkpoint's buffer with the limiter's counts (without it both start empty)."""
         if buffer is not None:
             self.buffer.load_state_dict(buffer)
             self.limiter.load_state_dict(state)
-        self.seq_table = {str(k): int(v) for k, v in state["seq_table"].items()}
 
     def retune(self, config: LearnerConfig) -> None:
         """Take runtime parameters: the limiter's ratio, the buffer's exponents."""

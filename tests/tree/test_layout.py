@@ -176,6 +176,21 @@ def test_one_part_holds_the_buffer_and_its_lock_and_one_runs_the_round():
     assert calls("LearnerStep") == {"learner.round"} and calls("TrainingRound") == {"learner.training"}
 
 
+def test_one_part_keeps_the_seq_table_and_forgets_departed_actors():
+    """The exactly-once part alone holds the seq table (saved and restored as one piece): the replay service
+    claims and releases seqs as it stores, ingest asks it about resends, and it alone drops departed actors."""
+    assert uses("claim_seq", called=True) == uses("release_seq", called=True) == {"learner.replay_service"}
+    assert uses("duplicate", called=True) == {"learner.ingest"}
+    assert uses("drop_departed", called=True) == {"learner.exactly_once"}
+    def the_table(target: ast.expr) -> bool:
+        target = target.value if isinstance(target, ast.Subscript) else target
+        return isinstance(target, ast.Attribute) and target.attr in ("seq_table", "_seqs")
+    writers = {module_name(path) for path in modules() for node in ast.walk(ast.parse(path.read_text(), str(path)))
+               if isinstance(node, (ast.Assign, ast.AugAssign)) and any(
+                   map(the_table, node.targets if isinstance(node, ast.Assign) else [node.target]))}
+    assert writers == {"learner.exactly_once"}, writers
+
+
 def test_the_cycle_check_finds_a_two_way_and_a_three_way_import():
     graph = {"a": {"b"}, "b": {"a", "c"}, "c": set(), "x": {"y"}, "y": {"z"}, "z": {"x"}}
     assert sorted(cycles(graph)) == [["a", "b"], ["x", "y", "z"]]
