@@ -13,9 +13,9 @@ from actorlearner.envs import make_env
 from actorlearner.evaluation import EvalResult, evaluate
 from actorlearner.learner.checkpointing import Checkpointing
 from actorlearner.learner.progress import Progress
+from actorlearner.learner.publishing import Publishing
 from actorlearner.learner.roles import Roles
 from actorlearner.metrics import Metric
-from actorlearner.streaming.broadcast import PolicyBroadcast
 from actorlearner.v1 import learner_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -26,9 +26,9 @@ class Evaluation:
     the same bytes the actors get; every ``eval_every`` seconds on its own thread (:meth:`run`). A new
     best policy goes to the checkpoints' best slot."""
 
-    def __init__(self, config: LearnerConfig, policy: Any, broadcast: PolicyBroadcast, roles: Roles,
+    def __init__(self, config: LearnerConfig, policy: Any, publishing: Publishing, roles: Roles,
                  progress: Progress, checkpoints: Checkpointing):
-        self.config, self.policy, self.broadcast = config, policy, broadcast
+        self.config, self.policy, self.publishing = config, policy, publishing
         self.roles, self.progress, self.checkpoints = roles, progress, checkpoints
         self.evaluations = 0
         self.version = -1  # the policy version the latest evaluation played
@@ -38,7 +38,7 @@ class Evaluation:
     def evaluate(self) -> EvalResult:
         """Evaluate the latest published policy; a new best one goes to the checkpoints' ``best/`` slot."""
         c, policy = self.config, self.policy
-        version, payload = self.broadcast.snapshot()
+        version, payload = self.publishing.latest_state_dict()
         policy.load_policy_state_dict(wire.decode_state_dict(payload))
         seed = c.seed + 10_000 * self.evaluations
         env_steps = self.progress.env_steps

@@ -132,7 +132,7 @@ class Learner:
                                      self.progress, self.stopping)
         self.failed = self.training.failed  # training raised: the process should drain and exit non-zero
         self.ingestion = Ingest(config, self.fields, self.replay, self.exactly_once, self.roles, self.progress)
-        self.evaluation = Evaluation(config, eval_policy, self.broadcast, self.roles, self.progress, self.checkpoints)
+        self.evaluation = Evaluation(config, eval_policy, self.publishing, self.roles, self.progress, self.checkpoints)
         self.progress.gauge(self.replay.gauges)
         self.progress.gauge(lambda: {telemetry.POLICY_LAG_MAX: self.registry.lag_max(self.progress.version)})
         self.progress.gauge(self.roles.scalars)
@@ -165,7 +165,7 @@ class Learner:
 
     def check_hello(self, hello: pb.Hello) -> Refusal | None:
         """Refuse a stream this learner cannot serve (see :func:`spec.check_hello`)."""
-        return check_hello(hello, self._spec, self.config.env, self.onnx_feed is not None)
+        return check_hello(hello, self._spec, self.config.env, self.publishing.takes_onnx)
 
     def spec(self) -> pb.LearnerSpec:
         """What an actor must send and will receive (the ``GetSpec`` answer); runtime parameters change its algorithm_config."""

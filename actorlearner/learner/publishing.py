@@ -8,10 +8,12 @@ version once, tells the roles and frees the buffers. Versions go out in order an
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 
 import torch
 from torch import Tensor
@@ -26,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 DEPTH = 4
 """Buffer sets at most: `Publishing.publish` waits only while this many versions are queued or being serialized."""
+ONNX_WELCOME_WAIT_SECONDS = 120.0
+"""Longest an ONNX stream's Welcome waits for the model of the current version (its first export takes seconds)."""
 IDLE_SECONDS = 10.0
 """How long the publisher thread waits for a version before it ends (the next `Publishing.publish` starts another)."""
 
@@ -67,6 +71,40 @@ class Publishing:
                 self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
                 self._thread.start()
             self._changed.notify_all()
+
+    # -- what streams and the evaluator follow -----------------------------------------------------
+
+    @property
+    def takes_onnx(self) -> bool:
+        """Whether streams may ask for ONNX models (the algorithm exports its policy)."""
+        return self.onnx_feed is not None
+
+    def broadcasts(self) -> list[PolicyBroadcast]:
+        """Every broadcast a stream may follow: state dicts, then ONNX models where there is a feed."""
+        return [self.broadcast] + ([self.onnx_feed.broadcast] if self.onnx_feed is not None else [])
+
+    def broadcast_for(self, onnx: bool) -> PolicyBroadcast:
+        """The broadcast a stream follows: ONNX models if it asked for them, else state dicts."""
+        return self.onnx_feed.broadcast if onnx else self.broadcast
+
+    @contextlib.asynccontextmanager
+    async def subscription(self, onnx: bool) -> AsyncIterator[None]:
+        """While a stream is open: an ONNX stream keeps the feed exporting, and first waits (up to
+        ``ONNX_WELCOME_WAIT_SECONDS``) for the model of the current version, so that its Welcome names a
+        version whose model follows at once. Nothing for a state-dict stream."""
+        if not onnx:
+            yield
+            return
+        self.onnx_feed.subscribe()
+        try:
+            await asyncio.to_thread(self.onnx_feed.wait_current, ONNX_WELCOME_WAIT_SECONDS)
+            yield
+        finally:
+            self.onnx_feed.unsubscribe()
+
+    def latest_state_dict(self) -> tuple[int, bytes]:
+        """The newest published version and its serialized state dict."""
+        return self.broadcast.snapshot()
 
     def flush(self) -> None:
         """Wait until every version handed to `publish` is out; raise a failure not raised yet."""

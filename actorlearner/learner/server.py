@@ -29,9 +29,6 @@ SHUTDOWN_GRACE_SECONDS = 5.0
 stream before it ends it with OK. gRPC's Python client drops messages it has not read when the stream's
 status arrives: without the wait, a Python actor could miss the Shutdown."""
 
-ONNX_WELCOME_WAIT_SECONDS = 120.0
-"""Longest an ONNX stream's Welcome waits for the model of the current version (its first export takes seconds)."""
-
 SERVER_STOP_GRACE_SECONDS = SHUTDOWN_GRACE_SECONDS + 3.0
 """The server's grace on stop: past the Shutdown wait, so that every stream ends with OK, not cancelled."""
 
@@ -76,8 +73,8 @@ class LearnerService(pb_grpc.LearnerServicer):
     def __init__(self, learner: Learner, max_streams: int = 64):
         self.learner = learner
         self._cap = StreamCap(max_streams, "the learner")
-        broadcasts = [learner.broadcast] + ([learner.onnx_feed.broadcast] if learner.onnx_feed else [])
-        self._followers = {broadcast: Followers(broadcast) for broadcast in broadcasts}  # the open streams
+        self._followers = {broadcast: Followers(broadcast)  # the open streams
+                           for broadcast in learner.publishing.broadcasts()}
         self._watcher = asyncio.get_running_loop().create_task(self._wake_all_when_stopping())
 
     def close(self) -> None:
@@ -110,16 +107,33 @@ class LearnerService(pb_grpc.LearnerServicer):
         if refusal:
             await context.abort(getattr(grpc.StatusCode, refusal.code), refusal.reason)
         onnx = hello.policy_format == ONNX_FORMAT
-        stream = LearnerServedStream(self.learner.connect(hello),
-                                      self.learner.onnx_feed.broadcast if onnx else self.learner.broadcast, context,
+        publishing = self.learner.publishing
+        stream = LearnerServedStream(self.learner.connect(hello), publishing.broadcast_for(onnx), context,
                                       self.learner.feed(onnx))
         followers = self._followers[stream.broadcast].streams
         followers.add(stream)
+        try:
+            async with publishing.subscription(onnx):
+                await self._welcome_and_send(context, hello, stream)
+        except StreamEnded:
+            return  # the actor went away: nobody reads a status
+        finally:
+            followers.discard(stream)
+            stream.close()
+            with stream.lock:
+                children, stream.children = list(stream.children.values()), {}
+            for child in children:
+                self.learner.disconnect(child)
+            self.learner.disconnect(stream.session)
+            logger.info("actor %s disconnected", stream.actor_id)
+        if stream.error:
+            await context.abort(*stream.error)
+
+    async def _welcome_and_send(self, context: grpc.aio.ServicerContext, hello: pb.Hello,
+                                stream: LearnerServedStream) -> None:
+        """The Welcome and the policy it names, then the reader beside this sender until the stream ends."""
         reader = None
         try:
-            if onnx:
-                self.learner.onnx_feed.subscribe()
-                await asyncio.to_thread(self.learner.onnx_feed.wait_current, ONNX_WELCOME_WAIT_SECONDS)
             if stream.relay:
                 logger.info("relay %s connected", stream.actor_id)
             else:
@@ -134,24 +148,10 @@ class LearnerService(pb_grpc.LearnerServicer):
             # Read only now: the reader's acks go out at once, and must not overtake the Welcome.
             reader = asyncio.get_running_loop().create_task(self._read(context, stream), name=f"read-{stream.actor_id}")
             await self._send(stream)
-        except StreamEnded:
-            return  # the actor went away: nobody reads a status
         finally:
             if reader is not None:
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
-            followers.discard(stream)
-            if onnx:
-                self.learner.onnx_feed.unsubscribe()
-            stream.close()
-            with stream.lock:
-                children, stream.children = list(stream.children.values()), {}
-            for child in children:
-                self.learner.disconnect(child)
-            self.learner.disconnect(stream.session)
-            logger.info("actor %s disconnected", stream.actor_id)
-        if stream.error:
-            await context.abort(*stream.error)
 
     def GetStatus(self, request, context):
         return self.learner.status()

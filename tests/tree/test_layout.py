@@ -191,6 +191,18 @@ def test_one_part_keeps_the_seq_table_and_forgets_departed_actors():
     assert writers == {"learner.exactly_once"}, writers
 
 
+def test_publishing_alone_hands_out_the_broadcasts():
+    """The server and the evaluator ask publishing for a stream's broadcast, a subscription and the latest
+    state dict: no part but the Learner (which composes them) and publishing reaches the ONNX feed or the
+    learner's broadcast."""
+    feed_readers = {name for name in uses("onnx_feed") if name.startswith("learner.")}
+    assert feed_readers == {"learner.learner", "learner.publishing"}, feed_readers
+    through_learner = {module_name(path) for path in modules() for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                       if isinstance(node, ast.Attribute) and node.attr == "broadcast"
+                       and ast.unparse(node.value).split(".")[-1] == "learner"}
+    assert through_learner == set(), through_learner
+
+
 def test_the_cycle_check_finds_a_two_way_and_a_three_way_import():
     graph = {"a": {"b"}, "b": {"a", "c"}, "c": set(), "x": {"y"}, "y": {"z"}, "z": {"x"}}
     assert sorted(cycles(graph)) == [["a", "b"], ["x", "y", "z"]]
