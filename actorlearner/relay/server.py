@@ -6,7 +6,6 @@ threads stay few whatever the number of actors; its upstream stream runs on a th
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 
@@ -17,8 +16,9 @@ from actorlearner.config import RelayConfig
 from actorlearner.health import Health
 from actorlearner.relay.relay import Relay, RelayServedStream
 from actorlearner.streaming.broadcast import ONNX_FORMAT
-from actorlearner.streaming.served import Followers, StreamEnded
-from actorlearner.streaming.service import StreamCap, messages, read_hello, serving
+from actorlearner.streaming.served import Followers
+from actorlearner.streaming.service import messages, serving
+from actorlearner.streaming.sessions import StreamSessions
 from actorlearner.transport import grpc_options, open_channel
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
@@ -29,32 +29,21 @@ SERVER_STOP_GRACE_SECONDS = 2.0
 """The server's grace on stop: the relay has ended every stream by then (UNAVAILABLE), so they end at once."""
 
 
-class RelayService(pb_grpc.LearnerServicer):
-    """Connect streams join the relay; GetStatus answers for the relay (a self-play league's part is the
-    upstream's); GetSpec and SetParameters are the upstream's.
-    Make it on the loop that serves it: the unary calls run on the server's small thread pool."""
+class RelayService(StreamSessions, pb_grpc.LearnerServicer):
+    """Connect streams join the relay (a reader task beside each forwards their messages upstream); GetStatus
+    answers for the relay (a self-play league's part is the upstream's); GetSpec and SetParameters are the
+    upstream's. Make it on the loop that serves it: the unary calls run on the server's small thread pool."""
 
     def __init__(self, relay: Relay):
+        super().__init__(relay.config.max_streams, "the relay", relay.config.hello_timeout)
         self.relay = relay
-        self._cap = StreamCap(relay.config.max_streams, "the relay")
         self._followers = Followers(relay.broadcast)  # the joined streams
 
     def close(self) -> None:
         """Stop following the relay's broadcast (the server is stopping)."""
         self._followers.close()
 
-    async def Connect(self, request_iterator, context):
-        """One actor's (or downstream relay's) stream; past ``max_streams`` open streams a new one is refused.
-
-        The stream's sender is this coroutine; a reader task beside it forwards the stream's messages upstream.
-        """
-        async with self._cap.slot(context):
-            await self._serve(context)
-
-    async def _serve(self, context: grpc.aio.ServicerContext) -> None:
-        hello = await read_hello(context, self.relay.config.hello_timeout)
-        if hello is None:
-            return
+    async def open(self, hello: pb.Hello, context: grpc.aio.ServicerContext) -> RelayServedStream:
         if not hello.actor_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Hello.actor_id must not be empty")
         if hello.policy_format == ONNX_FORMAT:
@@ -70,23 +59,15 @@ class RelayService(pb_grpc.LearnerServicer):
                                 f"relay {self.relay.relay_id} is not connected upstream yet")
         self._followers.streams.add(stream)
         logger.info("%s %s connected", "relay" if stream.relay else "actor", stream.actor_id)
-        reader = asyncio.get_running_loop().create_task(self._read(context, stream),
-                                                        name=f"relay-read-{stream.actor_id}")
-        try:
-            await self._send(stream)
-        except StreamEnded:
-            return  # the actor went away: nobody reads a status
-        finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
-            self._followers.streams.discard(stream)
-            stream.close()
-            self.relay.leave(stream)
-            logger.info("%s %s disconnected", "relay" if stream.relay else "actor", stream.actor_id)
-        if stream.error:
-            await context.abort(*stream.error)
+        return stream
 
-    async def _read(self, context: grpc.aio.ServicerContext, stream: RelayServedStream) -> None:
+    def leave(self, stream: RelayServedStream) -> None:
+        self._followers.streams.discard(stream)
+        stream.close()
+        self.relay.leave(stream)
+        logger.info("%s %s disconnected", "relay" if stream.relay else "actor", stream.actor_id)
+
+    async def read(self, context: grpc.aio.ServicerContext, stream: RelayServedStream) -> None:
         """Forward the stream's messages upstream until it half-closes, sends one it may not, or ends."""
         try:
             async for message in messages(context):
@@ -97,7 +78,7 @@ class RelayService(pb_grpc.LearnerServicer):
         except grpc.RpcError:
             stream.close()
 
-    async def _send(self, stream: RelayServedStream) -> None:
+    async def send(self, stream: RelayServedStream) -> None:
         """Write what is routed to the stream and, once it is welcomed, the relay's newest policy
         version and a self-play league's news (snapshot weights, then the menu). A Welcome for the
         stream itself names the version that follows it (the first one) or was sent last (later ones,
