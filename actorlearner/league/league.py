@@ -77,15 +77,14 @@ class League:
     """Snapshots every ``snapshot_every`` versions (at most ``max_snapshots``), scripted players, ratings.
 
     Thread-safe: ingest threads record games, the trainer takes snapshots, streams read menus.
-    ``on_change`` is called (outside the lock) whenever :attr:`revision` rises. ``shared``: one of
+    :attr:`on_change` is called (outside the lock) whenever :attr:`revision` rises. ``shared``: one of
     several data-parallel ranks' leagues (see the module's docstring).
     """
 
-    def __init__(self, config: LeagueConfig, chunk_bytes: int, on_change: Callable[[], None] = lambda: None,
-                 shared: bool = False):
+    def __init__(self, config: LeagueConfig, chunk_bytes: int, shared: bool = False):
         self.config = config
         self.chunk_bytes = chunk_bytes
-        self.on_change = on_change
+        self.on_change: Callable[[], None] = lambda: None
         self.shared = shared
         self.pending: list[Results] = []  # shared: this rank's results not shared yet, oldest first
         self._pending_since = 0.0  # when the oldest of them came

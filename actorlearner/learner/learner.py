@@ -121,7 +121,7 @@ class Learner:
         self.replay = ReplayService(config, stored, self.frame_layout, self.device, self.exactly_once, self.stopping)
         self.broadcast = PolicyBroadcast(config.chunk_bytes)
         self.roles = SelfPlay(config, eval_opponent, spaces, self.progress.telemetry,
-                              lambda: self.publishing.nudge(), shared=self.world.size > 1) if self.agents else Roles()
+                              shared=self.world.size > 1) if self.agents else Roles()
         self.onnx_feed = OnnxFeed(self.broadcast, algorithm_spec.make_policy(device="cpu", seed=config.seed),
                                   self.observation_space, self.action_space, config.chunk_bytes, self.roles.league) \
             if eval_policy.can_export else None

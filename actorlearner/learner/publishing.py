@@ -44,6 +44,7 @@ class Publishing:
 
     def __init__(self, broadcast: PolicyBroadcast, onnx_feed: OnnxFeed | None, roles: Roles, depth: int = DEPTH):
         self.broadcast, self.onnx_feed, self.roles, self.depth = broadcast, onnx_feed, roles, depth
+        roles.listen(self.nudge)  # the roles' news (a league's) goes out on every stream
         self.failures = 0
         self._changed = threading.Condition()
         self._queue: deque[tuple[int, dict[str, Tensor], torch.cuda.Event | None]] = deque()  # the head is in hand

@@ -59,6 +59,9 @@ class Roles:
         """What this role sends on a new stream (see :class:`StreamFeed`); ``onnx``: it takes ONNX policies."""
         return StreamFeed()
 
+    def listen(self, changed: Callable[[], None]) -> None:
+        """Have ``changed`` called whenever what the feeds send changes (publishing wakes the streams)."""
+
     def check_batch(self, batch: pb.TrajectoryBatch) -> None:
         """WireError for a batch this role cannot take, before anything is stored."""
         if batch.games or batch.opponents:
@@ -111,15 +114,17 @@ class SelfPlay(Roles):
     evaluation games against them. Its actors connect directly or through relays (which pass the league
     on), and take state dicts or ONNX models; ``shared``: one league for every data-parallel rank."""
 
-    def __init__(self, config: LearnerConfig, opponent: Any, spaces: tuple, telemetry: Telemetry,
-                 on_change: Callable[[], None], shared: bool):
+    def __init__(self, config: LearnerConfig, opponent: Any, spaces: tuple, telemetry: Telemetry, shared: bool):
         self.config, self.opponent, self.spaces, self.telemetry = config, opponent, spaces, telemetry
-        self.league = League(config.league, config.chunk_bytes, on_change, shared)
+        self.league = League(config.league, config.chunk_bytes, shared=shared)
         for script in config.league.evaluated_players():  # fail now, not in an actor
             load_scripted(script, *spaces, config.seed)
 
     def feed(self, onnx: bool) -> LeagueFeed:
         return LeagueFeed(self.league, onnx)
+
+    def listen(self, changed: Callable[[], None]) -> None:
+        self.league.on_change = changed
 
     def check_batch(self, batch: pb.TrajectoryBatch) -> None:
         self.league.check(batch)

@@ -143,16 +143,12 @@ class LearnerStep:
             return None
 
     def run(self, prepared: Sample | object) -> None:
-        """The rest of the step :meth:`prepare` began: the update and its new priorities."""
+        """The rest of the step :meth:`prepare` began: the update and its new priorities (eagerly on a sample)."""
         if prepared is DRAW_ON_DEVICE:
             self._captured_step()
-        else:
-            self.learn(prepared)
-
-    def learn(self, sample: Sample) -> None:
-        """The update on ``sample`` and its new priorities, eagerly."""
-        priorities, metrics = self.trainer.update(sample)
-        self.replay.update_priorities(sample.indices, priorities)
+            return
+        priorities, metrics = self.trainer.update(prepared)
+        self.replay.update_priorities(prepared.indices, priorities)
         self.metrics.add(metrics)
 
     def read_metrics(self) -> dict[str, float]:
