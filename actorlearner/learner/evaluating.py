@@ -12,11 +12,10 @@ from actorlearner.config import LearnerConfig
 from actorlearner.envs import make_env
 from actorlearner.evaluation import EvalResult, evaluate
 from actorlearner.learner.checkpointing import Checkpointing
+from actorlearner.learner.figures import Figure
 from actorlearner.learner.progress import Progress
 from actorlearner.learner.publishing import Publishing
 from actorlearner.learner.roles import Roles
-from actorlearner.metrics import Metric
-from actorlearner.v1 import learner_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +32,7 @@ class Evaluation:
         self.evaluations = 0
         self.version = -1  # the policy version the latest evaluation played
         self.mean = math.nan
-        self.best = -math.inf
+        self.best = math.nan  # the best mean so far
 
     def evaluate(self) -> EvalResult:
         """Evaluate the latest published policy; a new best one goes to the checkpoints' ``best/`` slot."""
@@ -51,7 +50,7 @@ class Evaluation:
         self.version, self.mean = version, result.mean
         self.progress.telemetry.scalars({telemetry.EVAL_MEAN_RETURN: result.mean,
                                          telemetry.EVAL_STD_RETURN: result.std}, env_steps)
-        if result.mean > self.best:
+        if math.isnan(self.best) or result.mean > self.best:
             self.best = result.mean
             self.checkpoints.save_best(policy.policy_state_dict(), result.mean, self.progress.version)
         return result
@@ -70,10 +69,10 @@ class Evaluation:
                         self.progress.updates, self.progress.version, result.mean, result.std, result.min, result.max)
             self.roles.evaluated()
 
-    def report(self, response: pb.StatusResponse) -> None:
-        response.evaluations = self.evaluations
-        if self.evaluations:
-            response.eval_mean_return, response.eval_best_return = self.mean, self.best
-
-    def metrics(self) -> list[Metric]:
-        return [Metric("eval_mean_return", "Mean return of the last greedy evaluation (NaN before any).", self.mean)]
+    def figures(self) -> list[Figure]:
+        return [
+            Figure(lambda: self.evaluations, status="evaluations"),
+            Figure(lambda: self.mean, "eval_mean_return", "Mean return of the last greedy evaluation (NaN before any).",
+                   status="eval_mean_return"),
+            Figure(lambda: self.best, status="eval_best_return"),
+        ]

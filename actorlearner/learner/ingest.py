@@ -13,6 +13,7 @@ from actorlearner import wire
 from actorlearner.config import LearnerConfig
 from actorlearner.learner.progress import Progress
 from actorlearner.learner.exactly_once import ExactlyOnce
+from actorlearner.learner.figures import Figure
 from actorlearner.learner.registry import ActorSession
 from actorlearner.learner.replay_service import ReplayService
 from actorlearner.learner.roles import Roles
@@ -88,8 +89,8 @@ class Ingest:
             session.record.batches.add()
         return inserted
 
-    def report(self, response: pb.StatusResponse) -> None:
-        response.inserted = self.inserted_batches
+    def figures(self) -> list[Figure]:
+        return [Figure(lambda: self.inserted_batches, status="inserted")]
 
     def record_episodes(self, session: ActorSession, stats: pb.EpisodeStats) -> None:
         """Account an actor's env steps and finished episodes."""

@@ -26,6 +26,7 @@ from actorlearner.config.learner import learner_settings
 from actorlearner.envs import make_env
 from actorlearner.envs.multiagent import is_multi_agent, seat_spaces
 from actorlearner.frames import algorithm_frames, batch_fields, frame_stack_of
+from actorlearner.learner import figures
 from actorlearner.learner.checkpointing import Checkpointing
 from actorlearner.learner.distributed import join_world, local_device, resolve_world
 from actorlearner.learner.evaluating import Evaluation
@@ -133,7 +134,9 @@ class Learner:
         self.failed = self.training.failed  # training raised: the process should drain and exit non-zero
         self.ingestion = Ingest(config, self.fields, self.replay, self.exactly_once, self.roles, self.progress)
         self.evaluation = Evaluation(config, eval_policy, self.publishing, self.roles, self.progress, self.checkpoints)
-        self.progress.gauge(self.replay.gauges)
+        self.figures = [*self.progress.figures(), *self.replay.figures(), *self.ingestion.figures(),
+                        *self.training.figures(), *self.evaluation.figures()]  # each declared once by its part
+        self.progress.gauge(lambda: figures.scalars(self.figures))
         self.progress.gauge(lambda: {telemetry.POLICY_LAG_MAX: self.registry.lag_max(self.progress.version)})
         self.progress.gauge(self.roles.scalars)
         self.progress.telemetry.text(telemetry.HYPERPARAMETERS, _hyperparameters_table(config, self.algorithm_config))
@@ -311,21 +314,19 @@ class Learner:
         parameters = current_values(self.config, self.algorithm_class.name, self.algorithm_config)
         response = pb.StatusResponse(learner_id=self.learner_id, parameters=_parameters(parameters),
                                      changed_parameters=_parameters(self.changed_parameters))
-        for part in (self.progress, self.replay, self.ingestion, self.training, self.evaluation, self.roles):
-            part.report(response)
+        figures.status(self.figures, response)
+        self.roles.report(response)
         self.registry.report(response)  # the actors' lags behind the version reported
         return response
 
     def metrics(self) -> list[Metric]:
         """What the learner exposes to Prometheus, read at each scrape."""
-        return [*self.progress.metrics(), *self.replay.metrics(), *self.training.metrics(),
-                *self.evaluation.metrics(), *self.registry.metrics(self.progress.version), *self.roles.metrics()]
+        return [*figures.metrics(self.figures), *self.registry.metrics(self.progress.version), *self.roles.metrics()]
 
     def summary(self) -> dict[str, Any]:
         """Numbers for the one-line progress display."""
         evaluation = self.evaluation
-        return {**self.progress.progress(), **self.replay.progress(),
-                "lag_max": self.registry.lag_max(self.progress.version),
+        return {**figures.line(self.figures), "lag_max": self.registry.lag_max(self.progress.version),
                 "eval": evaluation.mean if evaluation.evaluations else None}
 
     # -- lifecycle -------------------------------------------------------------------------

@@ -8,8 +8,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 
 from actorlearner import telemetry
-from actorlearner.metrics import Metric
-from actorlearner.v1 import learner_pb2 as pb
+from actorlearner.learner.figures import Figure
 
 
 class Progress:
@@ -35,7 +34,7 @@ class Progress:
 
     def write_metrics(self, metrics: Mapping[str, float]) -> None:
         """The trainer's metric means and every gauge's scalars, at the current update count."""
-        values = {**metrics, telemetry.POLICY_VERSION: self.version}
+        values = dict(metrics)
         for read in self._gauges:
             values.update(read())
         self.telemetry.scalars(values, self.updates)
@@ -63,20 +62,17 @@ class Progress:
         self.version, self.updates = int(state["version"]), int(state["updates"])
         self.env_steps = int(state["env_steps"])
 
-    def report(self, response: pb.StatusResponse) -> None:
-        response.policy_version, response.updates, response.env_steps = self.version, self.updates, self.env_steps
-
-    def metrics(self) -> list[Metric]:
+    def figures(self) -> list[Figure]:
         return [
-            Metric("policy_version", "Newest published policy version.", self.version),
-            Metric("updates_total", "Training updates.", self.updates, counter=True),
-            Metric("env_steps_total", "Env steps reported by actors.", self.env_steps, counter=True),
-            Metric("episode_return", "Mean return of recent actor episodes (NaN before any).", self.recent_return),
+            Figure(lambda: self.version, "policy_version", "Newest published policy version.",
+                   status="policy_version", line="version", tag=telemetry.POLICY_VERSION),
+            Figure(lambda: self.updates, "updates_total", "Training updates.", counter=True,
+                   status="updates", line="updates"),
+            Figure(lambda: self.env_steps, "env_steps_total", "Env steps reported by actors.", counter=True,
+                   status="env_steps", line="env_steps"),
+            Figure(lambda: self.recent_return, "episode_return", "Mean return of recent actor episodes (NaN before any).",
+                   line="return"),
         ]
-
-    def progress(self) -> dict:
-        return {"env_steps": self.env_steps, "return": self.recent_return, "version": self.version,
-                "updates": self.updates}
 
     def close(self) -> None:
         self.telemetry.close()

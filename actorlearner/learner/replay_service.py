@@ -14,9 +14,8 @@ from actorlearner import telemetry
 from actorlearner.config import LearnerConfig
 from actorlearner.frames import FrameLayout, default_frame_capacity
 from actorlearner.learner.exactly_once import ExactlyOnce
-from actorlearner.metrics import Metric
+from actorlearner.learner.figures import Figure
 from actorlearner.replay import DeviceSampling, PrioritizedReplay, RateLimiter, ReplaySnapshot, Sample, make_replay
-from actorlearner.v1 import learner_pb2 as pb
 
 COPY_UNLOCKED_BYTES = 1 << 18
 """Batches of at least this many bytes are copied into the replay outside its lock, so that several
@@ -259,22 +258,14 @@ class ReplayService:
             with self.quiesced():
                 self.buffer.set_exponents(config.alpha, config.beta)
 
-    # -- reports -------------------------------------------------------------------------------
-
-    def gauges(self) -> dict[str, float]:
-        return {telemetry.REPLAY_SIZE: len(self.buffer), telemetry.REPLAY_INSERT_RATE: self.insert_meter.rate()}
-
-    def report(self, response: pb.StatusResponse) -> None:
-        response.buffer_size, response.insert_rate = len(self.buffer), self.insert_meter.rate()
-
-    def metrics(self) -> list[Metric]:
+    def figures(self) -> list[Figure]:
         return [
-            Metric("buffer_size", "Transitions in the replay buffer.", len(self.buffer)),
-            Metric("inserts_per_second", "Transitions inserted per second.", self.insert_meter.rate()),
-            Metric("inserts_waiting", "Batches waiting for the rate limiter's room (backpressure on actors).",
-                   self.limiter.waiting["inserts"]),
+            Figure(lambda: len(self.buffer), "buffer_size", "Transitions in the replay buffer.",
+                   status="buffer_size", line="buffer_size", tag=telemetry.REPLAY_SIZE),
+            Figure(self.insert_meter.rate, "inserts_per_second", "Transitions inserted per second.",
+                   status="insert_rate", tag=telemetry.REPLAY_INSERT_RATE),
+            Figure(lambda: self.limiter.waiting["inserts"], "inserts_waiting",
+                   "Batches waiting for the rate limiter's room (backpressure on actors)."),
+            Figure(lambda: self.buffer.capacity, line="buffer_capacity"),
         ]
-
-    def progress(self) -> dict:
-        return {"buffer_size": len(self.buffer), "buffer_capacity": self.buffer.capacity}
 

@@ -17,8 +17,7 @@ from actorlearner.learner.progress import Progress
 from actorlearner.learner.publishing import Publishing
 from actorlearner.learner.replay_service import ReplayService
 from actorlearner.learner.round import SAMPLE_WAIT_SECONDS, Outcome, TrainingRound
-from actorlearner.metrics import Metric
-from actorlearner.v1 import learner_pb2 as pb
+from actorlearner.learner.figures import Figure
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +38,6 @@ class TrainingLoop:
         self.round = TrainingRound(trainer, replay, config.batch_size, data_parallel, publishing.roles, stopping)
         self.sample_meter = telemetry.RateMeter()
         self.failed = threading.Event()  # training raised: the process should drain and exit non-zero
-        progress.gauge(lambda: {telemetry.REPLAY_SAMPLE_RATE: self.sample_meter.rate()})
 
     def run(self, checkpoint: Callable[[], None] | None) -> None:
         """Train (until max_updates) and call ``checkpoint`` on schedule, even while training waits or is done.
@@ -110,9 +108,7 @@ class TrainingLoop:
             self.trainer.retune(algorithm_config)
         self.config = config
 
-    def report(self, response: pb.StatusResponse) -> None:
-        response.sample_rate = self.sample_meter.rate()
-
-    def metrics(self) -> list[Metric]:
-        return [Metric("samples_per_second", "Transitions sampled per second.", self.sample_meter.rate())]
+    def figures(self) -> list[Figure]:
+        return [Figure(self.sample_meter.rate, "samples_per_second", "Transitions sampled per second.",
+                       status="sample_rate", tag=telemetry.REPLAY_SAMPLE_RATE)]
 

@@ -203,6 +203,24 @@ def test_publishing_alone_hands_out_the_broadcasts():
     assert through_learner == set(), through_learner
 
 
+def test_a_part_that_declares_figures_reports_them_no_other_way():
+    """Status, Prometheus, the progress line and TensorBoard's gauges all come from one ``figures()`` per part."""
+    reporting = {"report", "metrics", "progress", "gauges", "scalars"}
+    both, declaring = {}, set()
+    for path in modules():
+        if unit(path) != "learner":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                methods = {item.name for item in node.body if isinstance(item, ast.FunctionDef)}
+                if "figures" in methods:
+                    declaring.add(node.name)
+                    if methods & reporting:
+                        both[node.name] = sorted(methods & reporting)
+    assert both == {}
+    assert {"Progress", "ReplayService", "Ingest", "TrainingLoop", "Evaluation"} <= declaring
+
+
 def test_the_cycle_check_finds_a_two_way_and_a_three_way_import():
     graph = {"a": {"b"}, "b": {"a", "c"}, "c": set(), "x": {"y"}, "y": {"z"}, "z": {"x"}}
     assert sorted(cycles(graph)) == [["a", "b"], ["x", "y", "z"]]
