@@ -1,5 +1,6 @@
 """Writes the checkpoint in tests/learner/data/ with whatever actorlearner is on the path (the committed one
-was written by commit 001d627: ``PYTHONPATH=<a checkout of 001d627> python tests/support/old_checkpoint.py DIR``).
+was written by commit 001d627: from outside the checkout, ``PYTHONPATH=<a checkout of 001d627> python
+<this checkout>/tests/support/old_checkpoint.py DIR``).
 
 Actor ``a`` stored seqs 1-3 and actor ``b`` seqs 1-5, 16 transitions each, then 5 updates."""
 
