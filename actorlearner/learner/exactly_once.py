@@ -70,12 +70,14 @@ class ExactlyOnce:
         if now - self._last_expiry < EXPIRE_EVERY_SECONDS:
             return
         self._last_expiry = now
-        gone = self.registry.drop_departed(now - self.actor_ttl)
-        with self._lock:
-            for actor_id in gone:
-                self._seqs.pop(actor_id, None)
+        gone = self.registry.drop_departed(now - self.actor_ttl, self._forget)
         if gone:
             logger.info("forgot %d actors gone longer than %.0f s", len(gone), self.actor_ttl)
+
+    def _forget(self, actor_ids: list[str]) -> None:
+        with self._lock:
+            for actor_id in actor_ids:
+                self._seqs.pop(actor_id, None)
 
     @property
     def seq_table(self) -> dict[str, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from actorlearner import telemetry
@@ -80,12 +80,15 @@ class ActorRegistry:
             session.record.sessions -= 1
             session.record.last_seen = time.time()
 
-    def drop_departed(self, cutoff: float) -> list[str]:
-        """Drop the actors gone since before ``cutoff`` (a time); their ids. One that comes back later is new."""
+    def drop_departed(self, cutoff: float, forget: Callable[[list[str]], None]) -> list[str]:
+        """Drop the actors gone since before ``cutoff`` (a time) and call ``forget`` with their ids inside the
+        same hold of the lock, so that none of them can reconnect in between; their ids. One that comes back
+        later is new."""
         with self.lock:
             gone = [r.actor_id for r in self.actors.values() if not r.connected and r.last_seen < cutoff]
             for actor_id in gone:
                 del self.actors[actor_id]
+            forget(gone)
         return gone
 
     def _free_index(self, previous: int | None) -> int:

@@ -13,7 +13,9 @@ from actorlearner import config as cfg
 from actorlearner.algorithms import make_spec, resolve
 from actorlearner.cli.common import warn_if_exposed
 from actorlearner.config import LearnerConfig
+from actorlearner.learner.exactly_once import ExactlyOnce
 from actorlearner.learner.learner import Learner
+from actorlearner.learner.registry import ActorRegistry
 from actorlearner.transport import SecurityConfig
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner import wire
@@ -53,6 +55,23 @@ def test_a_batchs_env_steps_count_once_as_it_is_stored():
         learner.ingest(stream, refused.batch)
     learner.record_episodes(stream, pb.EpisodeStats(env_steps=3, policy_version=0))
     assert learner.env_steps == 43 and learner.ingestion.inserted_batches == 1
+
+
+def test_departed_actors_are_forgotten_in_one_hold_of_the_registry_lock():
+    """A departed actor's record and seqs go together: the seqs are dropped while the registry still holds its
+    lock, so the same id cannot reconnect and store a batch in between (its new seq would be dropped, and a
+    resend stored twice)."""
+    config = LearnerConfig(env="CartPole-v1", eval_every=0, actor_ttl=0.0)
+    registry = ActorRegistry(config)
+    exactly_once = ExactlyOnce(config, registry)
+    registry.disconnect(registry.connect(hello("leaver").hello, "", 0, False))
+    exactly_once.claim_seq("leaver", 5)
+    held = []
+    gone = registry.drop_departed(float("inf"), lambda ids: held.append((list(ids), registry.lock.locked())))
+    assert gone == ["leaver"] and held == [(["leaver"], True)]
+    registry.disconnect(registry.connect(hello("leaver").hello, "", 0, False))
+    exactly_once.expire()
+    assert exactly_once.stored("leaver") == -1 and not registry.records()
 
 
 @pytest.mark.parametrize("host, exposed", [
