@@ -18,15 +18,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from actorlearner.wire import FRAMES
 
-FieldSpecs = dict[str, tuple[tuple[int, ...], torch.dtype]]
+if TYPE_CHECKING:  # torch is imported where a layout is made: an env module may use STACKED_FRAMES without it
+    import torch
+
+FieldSpecs = dict[str, tuple[tuple[int, ...], "torch.dtype"]]
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ def frame_layout(stacked_fields: FieldSpecs, id_fields: FieldSpecs, stacked: gym
     """The layout of an algorithm whose transition fields are ``stacked_fields`` over the stacked
     observation space ``stacked`` and ``id_fields`` over :func:`frame_id_space`; ValueError when the
     two differ in anything but stacks turned into ids."""
+    import torch
+
     stack, frame_shape = stacked.shape[0], tuple(stacked.shape[1:])
     frame_dtype = torch.from_numpy(np.empty(0, stacked.dtype)).dtype
     if FRAMES in stacked_fields or stacked_fields.keys() != id_fields.keys():

@@ -15,7 +15,6 @@ from typing import Any
 
 import msgpack
 import numpy as np
-import torch
 
 DEFAULT_MAX_BYTES = 256 * 2**20
 """Default cap on any one payload, compressed or decompressed, and on assembled weights."""
@@ -33,13 +32,6 @@ DTYPES: dict[str, np.dtype] = {
 """The dtype whitelist: wire name -> little-endian numpy dtype."""
 
 _ARRAY_KEYS = frozenset(("dtype", "shape", "data"))
-TORCH_DTYPES: dict[torch.dtype, str] = {
-    torch.bool: "bool", torch.uint8: "uint8", torch.int8: "int8", torch.uint16: "uint16",
-    torch.int16: "int16", torch.uint32: "uint32", torch.int32: "int32",
-    torch.uint64: "uint64", torch.int64: "int64", torch.float16: "float16", torch.float32: "float32",
-    torch.float64: "float64",
-}
-"""The torch dtypes allowed on the wire, with their wire names."""
 
 Buffer = bytes | bytearray | memoryview
 
@@ -165,11 +157,13 @@ def check_keys(got: Mapping[str, Any], want: Mapping[str, Any], what: str, code:
 
 
 def np_dtype(dtype: Any) -> np.dtype:
-    """A numpy dtype from a numpy dtype, torch dtype or wire name."""
-    if isinstance(dtype, torch.dtype):
-        if dtype not in TORCH_DTYPES:
+    """A numpy dtype from a numpy dtype, torch dtype or wire name. A torch dtype is told by its type's module, so
+    that this module (and the env processes that use it) never imports torch."""
+    if type(dtype).__module__ == "torch":
+        name = str(dtype).removeprefix("torch.")
+        if name not in DTYPES:
             raise WireError(f"torch dtype {dtype} is not allowed on the wire")
-        return np.dtype(TORCH_DTYPES[dtype])
+        return np.dtype(name)
     return np.dtype(dtype)
 
 

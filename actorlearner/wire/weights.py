@@ -8,8 +8,11 @@ from typing import Any
 import msgpack
 import torch
 
-from actorlearner.wire.arrays import (DEFAULT_MAX_BYTES, TORCH_DTYPES, Buffer, Spec, WireError, check_keys,
-                                      decode_array, encode_array, np_dtype, unpack)
+from actorlearner.wire.arrays import (DEFAULT_MAX_BYTES, DTYPES, Buffer, Spec, WireError, check_keys, decode_array,
+                                      encode_array, np_dtype, unpack)
+
+TORCH_DTYPES: dict[torch.dtype, str] = {getattr(torch, name): name for name in DTYPES}
+"""The torch dtypes allowed on the wire, with their wire names."""
 
 
 def encode_state_dict(state_dict: Mapping[str, torch.Tensor]) -> bytes:

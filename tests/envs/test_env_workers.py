@@ -20,8 +20,8 @@ from actorlearner.envs import make_vector_env
 from actorlearner.envs.factory import VECTOR_MODES
 from actorlearner.envs.workers import PairedWorkerEnvs
 from custom_envs import short_cartpole
-from procs import (NOT_TRAINING, cmdline, process_children, start_actor, start_learner, start_time, status_if, stop,
-                   wait_until)
+from procs import (NOT_TRAINING, cmdline, loads_torch, process_children, start_actor, start_learner, start_time,
+                   status_if, stop, wait_until)
 
 
 # Spawned workers import this module by name: pytest puts its folder on sys.path, which they inherit.
@@ -305,6 +305,7 @@ def test_a_dqn_actor_with_worker_envs_streams_and_leaves_no_worker_behind():
         assert mine.inserted > 0 and mine.transitions > 0 and seen.buffer_size > 0 and seen.updates == 0
         assert actor.poll() is None, "the actor exited early"
         assert env_workers(actor.pid) == workers  # the same two workers all along
+        assert not any(loads_torch(pid) for pid in workers), "env workers need no torch"
         code, = stop(actor)
         assert code == 0
         wait_until(lambda: all(start_time(pid) != started for pid, started in workers.items()), 60,

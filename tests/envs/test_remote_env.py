@@ -17,6 +17,7 @@ from gymnasium.utils.env_checker import check_env
 from procs import (
     CHILD_ENV,
     FAST_LEARNER,
+    loads_torch,
     start_actor,
     start_env_server,
     start_learner,
@@ -52,6 +53,7 @@ def test_check_env_passes_through_a_real_env_server(name):
             assert specs.space_to_proto(remote.action_space) == specs.space_to_proto(local.action_space)
             # Whatever the checker says of the env itself, it says nothing more of it behind a server.
             assert checker_warnings(remote) <= checker_warnings(local)
+            assert not loads_torch(server.pid), "an env server needs no torch"
         finally:
             remote.close()
             local.close()

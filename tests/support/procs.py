@@ -60,6 +60,11 @@ def start_actor(port: int, actor_id: str, *args: str, stderr=None) -> subprocess
                             stderr=stderr, env=CHILD_ENV)
 
 
+def loads_torch(pid: int) -> bool:
+    """Whether process ``pid`` has torch's library mapped (it imported torch)."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
 def free_port() -> int:
     """A loopback port nothing listens on right now (for a process that must come back on the same port)."""
     with socket.socket() as sock:
