@@ -77,7 +77,7 @@ def test_run_keeps_checkpoints_logs_and_a_learning_curve_in_its_run_directory(tm
                            *FAST_LEARNER, "--actors", "1",
                            "--num-envs", "2", "--max-seconds", "240", "--target-return", "0", "--eval-every", "3",
                            "--eval-episodes", "2", "--eval-envs", "2", "--run-dir", str(run_dir)],
-                          capture_output=True, text=True, timeout=240, env=CHILD_ENV)
+                          capture_output=True, text=True, timeout=360, env=CHILD_ENV)  # past --max-seconds
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["run_dir"] == str(run_dir) and result["curve"] == str(run_dir / "curve.png"), result
     assert f"learning curve: {run_dir / 'curve.png'}" in done.stderr

@@ -60,8 +60,8 @@ def test_run_solves_cartpole_with_two_actor_processes():
 @pytest.mark.learning
 def test_run_learns_a_dict_observation_with_an_image_and_multidiscrete_actions():
     """The goal is only in the uint8 image (conv torso); noise keys of four other space types; two action
-    branches. Random play scores 0.19, the shortest path 0.99. Here and in the two tests below, an evaluation
-    every 3 s (not 10) ends the run sooner after it learned; the targets are what they were."""
+    branches. Random play scores 0.19, the shortest path 0.99. Here and in the TD3 and R2D2 tests below, an
+    evaluation every 3 s (not 10) ends the run sooner after it learned; the targets are what they were."""
     target = 0.8
     assert GOAL_IMAGE_RANDOM_RETURN < target / 4 and target < GOAL_IMAGE_OPTIMAL_RETURN
     run_until(target, "--env", "custom_envs:goal_image", "--eval-every", "3")
