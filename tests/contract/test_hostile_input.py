@@ -25,7 +25,7 @@ import pytest
 from actorlearner import specs, wire
 from actorlearner.envs import make_env
 from actorlearner.v1 import learner_pb2 as pb
-from procs import FAST_LEARNER, start_learner, status, stop, wait_until
+from procs import CHILD_ENV, FAST_LEARNER, start_learner, status, stop, wait_until
 
 CONNECT = "/actorlearner.v1.Learner/Connect"
 MAX_MESSAGE = 1 << 20
@@ -51,15 +51,19 @@ class Live:
 def live(tmp_path_factory):
     # Not the default rate limiter: samples_per_insert 1 and a small error buffer tie training to the
     # good actor's inserts (about one version per 10 of its batches, at most ~2000 samples ahead of
-    # them), so its policy lag stays within MAX_LAG however busy the machine is.
+    # them), so its policy lag stays within MAX_LAG however busy the machine is. The good actor steps
+    # a paced CartPole (same spaces) in batches of 32: each case's check needs a few hundred of its
+    # steps, not the whole module's two cores running flat out.
     learner, port = start_learner(
         *FAST_LEARNER, "--replay-capacity", "1000000", "--max-message-bytes", str(MAX_MESSAGE),
         "--max-streams", str(MAX_STREAMS), "--samples-per-insert", "1", "--rate-error-buffer", "2000",
-        "--publish-every", "10")
+        "--publish-every", "10", "--actor-batch-size", "32")
     log = tmp_path_factory.mktemp("good-actor") / "stderr.log"
     with open(log, "w") as stderr:
         actor = subprocess.Popen([sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
-                                  "--actor-id", GOOD, "--num-envs", "2"], stderr=stderr)
+                                  "--actor-id", GOOD, "--env", "custom_envs:paced_cartpole", "--num-envs", "2",
+                                  "--vector-mode", "sync"],
+                                 stderr=stderr, env=CHILD_ENV)
     try:
         wait_until(lambda: status(port).inserted >= 5, 90, "the good actor's first batches")
         yield Live(learner, port, actor, log)

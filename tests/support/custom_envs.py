@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
@@ -380,6 +382,23 @@ def self_stacking_frames() -> gym.Env:
 def short_cartpole() -> gym.Env:
     """CartPole cut at 15 steps: episodes end truncated as well as terminated."""
     return gym.make("CartPole-v1", max_episode_steps=15)
+
+
+PACE_SECONDS = 0.002
+
+
+class PacedCartPole(gym.Wrapper):
+    """CartPole that takes `PACE_SECONDS` per step, as a slow simulator would: an actor of a few of them
+    streams steadily while using a small part of a core, so a test that only needs a live actor's
+    stream beside it leaves the cores to the rest of the suite."""
+
+    def step(self, action):
+        time.sleep(PACE_SECONDS)
+        return self.env.step(action)
+
+
+def paced_cartpole() -> gym.Env:
+    return PacedCartPole(gym.make("CartPole-v1"))
 
 
 # Observations at the sizes users run (tests/actor/test_loop_sizes.py, test_process_tree.py).
