@@ -34,6 +34,26 @@ class LearningCurve:
         save_panels(fig, axes, path, title, "return")
 
 
+Point = tuple[float, int, float]
+"""(wall seconds, env steps, return)."""
+
+
+def target_reached(evaluations: list[Point], target: float, holds: int = 1) -> tuple[Point | None, Point | None]:
+    """(the first evaluation at or above ``target``, the one that makes ``holds`` such evaluations in a row):
+    the first hit and the held solve, each None until it happens. With ``holds`` 2 a lucky evaluation
+    followed by a lower one does not solve; the next two in a row at the target do."""
+    first = held = None
+    in_a_row = 0
+    for point in evaluations:
+        in_a_row = in_a_row + 1 if point[2] >= target else 0
+        if in_a_row and first is None:
+            first = point
+        if in_a_row >= holds:
+            held = point
+            break
+    return first, held
+
+
 PANELS = (("env_steps", "env steps (all actors)"), ("seconds", "wall seconds"))
 """What the two panels of a learning-curve figure plot along x, left then right: (key, axis label)."""
 

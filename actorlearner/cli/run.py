@@ -17,7 +17,7 @@ from actorlearner.cli.common import logger, on_signals, warn_if_exposed
 from actorlearner.cli.learner import start_learner
 from actorlearner.config import LearnerConfig, RunConfig, options
 from actorlearner.config.learner import learner_settings
-from actorlearner.curve import LearningCurve
+from actorlearner.curve import LearningCurve, target_reached
 from actorlearner.lifeline import PARENT_ENV
 from actorlearner.telemetry import format_progress
 from actorlearner.transport import SecurityConfig
@@ -37,6 +37,9 @@ def run_command(config: RunConfig) -> int:
     if config.vector_mode not in VECTOR_MODE_CHOICES:
         logger.error("--vector-mode must be one of %s, got %r", ", ".join(VECTOR_MODE_CHOICES), config.vector_mode)
         return 2
+    if config.target_holds < 1:
+        logger.error("--target-holds must be at least 1, got %d", config.target_holds)
+        return 2
     run_dir = config.run_dir or new_run_dir(config.learner)
     warn_if_exposed(config.learner.host, config.learner.security)
     learner_config = dataclasses.replace(
@@ -52,7 +55,7 @@ def run_command(config: RunConfig) -> int:
     stop = threading.Event()
     on_signals(stop.set)
     start = time.monotonic()
-    solved, eval_return = False, None
+    eval_return = None
     curve, evaluations = LearningCurve(), 0
     host = learner_config.host
     with serve(learner, host, learner_config.port) as port:
@@ -69,8 +72,8 @@ def run_command(config: RunConfig) -> int:
             evaluations = evaluation.evaluations
             curve.record(elapsed, progress.env_steps, progress.recent_return, evaluation.mean if new_eval else None)
             eval_return = evaluation.mean if evaluation.evaluations else None
-            solved = eval_return is not None and eval_return >= config.target_return
-            reason = _reason_to_end(config, learner, actors, solved, elapsed)
+            held = target_reached(curve.evaluations, config.target_return, config.target_holds)[1]
+            reason = _reason_to_end(config, learner, actors, held is not None, elapsed)
             if reason:
                 ended = reason
                 break
@@ -84,18 +87,25 @@ def run_command(config: RunConfig) -> int:
     evaluation, progress = learner.evaluation, learner.progress
     curve.record(elapsed, progress.env_steps, progress.recent_return,
                  evaluation.mean if evaluation.evaluations > evaluations else None)
-    if not solved:
-        solved = evaluation.evaluations > 0 and evaluation.mean >= config.target_return
+    if ended != "solved":
         eval_return = evaluation.mean if evaluation.evaluations else None
+    first_hit, held = target_reached(curve.evaluations, config.target_return, config.target_holds)
+    solved = held is not None
     result = {"solved": solved, "ended": "solved" if solved else ended, "eval_return": eval_return,
               "seconds": round(elapsed, 2), "env_steps": progress.env_steps,
-              "updates": progress.updates, "policy_version": progress.version, "run_dir": run_dir}
+              "updates": progress.updates, "policy_version": progress.version, "run_dir": run_dir,
+              "first_hit": _when(first_hit), "solved_at": _when(held)}
     if config.plot:
         result["curve"] = os.path.join(run_dir, "curve.png")
         curve.save_png(result["curve"], f"{learner_config.algorithm} on {learner_config.env}, seed {learner_config.seed}")
         print(f"learning curve: {result['curve']}", file=sys.stderr, flush=True)
     print(json.dumps(result), flush=True)
     return 0 if solved else 1
+
+
+def _when(point: tuple[float, int, float] | None) -> dict | None:
+    """An evaluation's wall seconds and env steps, for the result line."""
+    return point and {"seconds": round(point[0], 2), "env_steps": point[1]}
 
 
 def new_run_dir(config: LearnerConfig) -> str:

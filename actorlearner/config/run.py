@@ -14,7 +14,9 @@ class RunConfig:
     actors: int = 2
     """Actor processes to start."""
     target_return: float = 475.0
-    """Stop once the evaluated mean return reaches this."""
+    """Stop once the evaluated mean return reaches this (--target-holds evaluations in a row)."""
+    target_holds: int = 1
+    """Evaluations in a row at or above --target-return that solve the run; 2 or more ignore a single lucky one."""
     max_seconds: float = 600.0
     """Stop (unsolved) after this long."""
     num_envs: int = 4

@@ -17,6 +17,7 @@ from actorlearner import config as cfg
 from actorlearner.checkpoint.parts import CheckpointError
 from actorlearner.config import LearnerConfig
 from actorlearner.config.presets import PRESETS, describe
+from actorlearner.curve import target_reached
 from actorlearner.envs import make_env
 from actorlearner.learner.learner import Learner
 from actorlearner.trained import evaluate_trained, load_trained
@@ -71,15 +72,18 @@ def test_eval_refuses_what_is_not_a_usable_checkpoint(tmp_path):
 
 
 def test_run_keeps_checkpoints_logs_and_a_learning_curve_in_its_run_directory(tmp_path):
-    """The run ends at its first evaluation (every CartPole return passes 0), however busy the machine."""
+    """The run ends at its second evaluation (every CartPole return passes 0; --target-holds 2), however busy
+    the machine."""
     run_dir = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--port", "0", "--vector-mode", "sync",
                            *FAST_LEARNER, "--actors", "1",
-                           "--num-envs", "2", "--max-seconds", "240", "--target-return", "0", "--eval-every", "3",
-                           "--eval-episodes", "2", "--eval-envs", "2", "--run-dir", str(run_dir)],
+                           "--num-envs", "2", "--max-seconds", "240", "--target-return", "0", "--target-holds", "2",
+                           "--eval-every", "3", "--eval-episodes", "2", "--eval-envs", "2", "--run-dir", str(run_dir)],
                           capture_output=True, text=True, timeout=360, env=CHILD_ENV)  # past --max-seconds
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["run_dir"] == str(run_dir) and result["curve"] == str(run_dir / "curve.png"), result
+    assert result["solved"] and result["solved_at"]["seconds"] > result["first_hit"]["seconds"] > 0, result
+    assert result["solved_at"]["env_steps"] >= result["first_hit"]["env_steps"] > 0, result
     assert f"learning curve: {run_dir / 'curve.png'}" in done.stderr
     # The picture: both panels drawn, with the episode-return line (blue) and the eval line (orange).
     image = np.asarray(Image.open(run_dir / "curve.png").convert("RGB"))
@@ -99,6 +103,16 @@ def test_run_keeps_checkpoints_logs_and_a_learning_curve_in_its_run_directory(tm
     assert settings["preset_applied"] == preset and settings["dqn.lr"] == preset["dqn-lr"], settings
     assert settings["eval_every"] == 3.0 and settings["batch_size"] == 64
     assert f"preset CartPole-v1 for dqn: {describe(preset)} (" in done.stderr
+
+
+def test_a_held_solve_ignores_a_single_lucky_evaluation():
+    """--target-holds 2: the first hit is reported, but only two evaluations in a row at the target solve."""
+    evaluations = [(5.0, 1_000, 120.0), (10.0, 2_000, 480.0), (15.0, 3_000, 310.0), (20.0, 4_000, 475.0),
+                   (25.0, 5_000, 500.0), (30.0, 6_000, 500.0)]
+    assert target_reached(evaluations, 475.0, holds=2) == (evaluations[1], evaluations[4])
+    assert target_reached(evaluations, 475.0) == (evaluations[1], evaluations[1])
+    assert target_reached(evaluations[:4], 475.0, holds=2) == (evaluations[1], None)
+    assert target_reached(evaluations, 501.0, holds=2) == (None, None)
 
 
 def test_no_plot_turns_the_curve_off():
