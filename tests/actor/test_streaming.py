@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import grpc
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from actorlearner import specs, wire
@@ -13,6 +14,11 @@ from actorlearner.envs import make_env
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 from procs import FAST_LEARNER, start_actor, start_learner, status, stop, wait_until
+
+
+# Actors whose stream is what the learner trains on and versions are made of, not load: CartPole paced
+# at 2 ms a step (same spaces) streams steadily without running a core flat out.
+PACED = ["--env", "custom_envs:paced_cartpole"]
 
 
 def actor_versions(port: int) -> dict[str, tuple[int, int, bool]]:
@@ -26,7 +32,7 @@ def test_two_actors_train_and_both_end_on_the_newest_version(tmp_path):
     # about versions, not backpressure.
     learner, port = start_learner(*FAST_LEARNER, "--max-updates", "100", "--checkpoint-dir", str(tmp_path / "ckpt"),
                                   "--logdir", str(tmp_path / "tb"), "--rate-error-buffer", "1e9")
-    actors = [start_actor(port, "a0"), start_actor(port, "a1", "--seed", "1")]
+    actors = [start_actor(port, "a0", *PACED), start_actor(port, "a1", "--seed", "1", *PACED)]
     try:
         first = wait_until(lambda: (s := status(port)).policy_version >= 2 and s, 90, "a few versions")
         final = wait_until(lambda: (s := status(port)).updates >= 100 and s, 90, "training to reach max_updates")
@@ -58,9 +64,17 @@ def test_two_actors_train_and_both_end_on_the_newest_version(tmp_path):
     assert {"losses/td_loss", "charts/episodic_return", "replay/size", "policy/version", "policy/lag_max"} <= tags
 
 
-def test_late_actor_gets_the_current_version_in_welcome():
-    learner, port = start_learner(*FAST_LEARNER)
-    early = start_actor(port, "early")
+@pytest.fixture(scope="module")
+def shared_learner():
+    """One learner for the tests that only need one running: (process, port)."""
+    proc, port = start_learner(*FAST_LEARNER)
+    yield proc, port
+    stop(proc)
+
+
+def test_late_actor_gets_the_current_version_in_welcome(shared_learner):
+    learner, port = shared_learner
+    early = start_actor(port, "early", *PACED)
     try:
         version = wait_until(lambda: status(port).policy_version >= 3 and status(port).policy_version, 90, "version 3")
         env = make_env("CartPole-v1")
@@ -79,12 +93,12 @@ def test_late_actor_gets_the_current_version_in_welcome():
         assert settings.batch_size > 0 and settings.algorithm == "dqn" and json.loads(settings.algorithm_config)["n_step"] == 3
         assert [f.name for f in welcome.welcome.batch_fields] == ["obs", "action", "reward", "discount", "next_obs"]
     finally:
-        stop(early, learner)
+        stop(early)
 
 
 def test_killing_one_actor_leaves_the_learner_and_the_other_running():
-    learner, port = start_learner(*FAST_LEARNER)
-    survivor, victim = start_actor(port, "survivor"), start_actor(port, "victim", "--seed", "7")
+    learner, port = start_learner(*FAST_LEARNER, "--actor-batch-size", "32")  # paced actors' batches come often
+    survivor, victim = start_actor(port, "survivor", *PACED), start_actor(port, "victim", "--seed", "7", *PACED)
     try:
         wait_until(lambda: {a.actor_id for a in status(port).actors if a.connected} == {"survivor", "victim"},
                    60, "both actors connected")
@@ -101,13 +115,12 @@ def test_killing_one_actor_leaves_the_learner_and_the_other_running():
     assert codes == [0, 0]
 
 
-def test_actor_with_a_different_env_is_refused_with_failed_precondition():
-    learner, port = start_learner(*FAST_LEARNER)
-    try:
-        wrong = subprocess.run([sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
-                                "--env", "Acrobot-v1", "--actor-id", "wrong"], capture_output=True, text=True, timeout=60)
-        assert wrong.returncode == 2
-        assert "FAILED_PRECONDITION" in wrong.stderr and "env spec" in wrong.stderr
-        assert learner.poll() is None
-    finally:
-        stop(learner)
+def test_actor_with_a_different_env_is_refused_with_failed_precondition(shared_learner):
+    learner, port = shared_learner
+    # sync: the default (ahead) would start its env loop's process too before it is refused
+    wrong = subprocess.run([sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
+                            "--env", "Acrobot-v1", "--actor-id", "wrong", "--vector-mode", "sync"],
+                           capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2
+    assert "FAILED_PRECONDITION" in wrong.stderr and "env spec" in wrong.stderr
+    assert learner.poll() is None

@@ -22,7 +22,8 @@ from actorlearner.checkpoint.store import CheckpointStore
 from actorlearner.config import ActorConfig, LearnerConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.server import serve
-from procs import FAST_LEARNER, free_port, rss_kib, start_actor, start_learner, status, stop, wait_until
+from procs import (FAST_LEARNER, NOT_TRAINING, free_port, rss_kib, start_actor, start_learner, status, stop,
+                   wait_until)
 from raw_actor import RawActor, tagged_rows
 from streams import hello
 from tcp_proxy import UP, TcpProxy
@@ -31,6 +32,13 @@ RAW_ACTOR = str(Path(__file__).parents[1] / "support" / "raw_actor.py")
 TAG = 4242.0  # obs[:, 2] of a raw actor's transitions; CartPole never gets there
 ROWS = 16  # transitions per raw-actor batch
 BIG_LEARNER = [*FAST_LEARNER, "--replay-capacity", "300000"]  # never wraps within a test: tagged rows stay
+# BIG_LEARNER that stores every batch and never trains, for tests about streams rather than training: its
+# trainer does not take a core while the test waits.
+STORING_LEARNER = [*FAST_LEARNER, *NOT_TRAINING, "--replay-capacity", "300000"]
+# A background actor's env, where the test is not about load: CartPole paced at 2 ms a step (same spaces)
+# streams steadily without running a core flat out; its learner's small actor batches keep them coming often.
+PACED = ["--env", "custom_envs:paced_cartpole"]
+SMALL_BATCHES = ["--actor-batch-size", "32"]
 ACTOR_BATCH = LearnerConfig().actor_batch_size  # transitions per batch an actor streams
 # Where a test is not about backoff, actors retry at least every RECONNECT_MAX * 1.5 s (jitter);
 # RECONNECTED is that plus a busy machine's slack.
@@ -61,8 +69,8 @@ def saved_seq(directory: Path, actor_id: str) -> int:
 def test_actor_killed_with_a_batch_half_sent_leaves_nothing_of_it(tmp_path):
     """gRPC hands over whole messages: a batch cut off by SIGKILL halfway through the wire is not inserted."""
     ckpt = tmp_path / "ckpt"
-    learner, port = start_learner(*BIG_LEARNER, "--checkpoint-dir", str(ckpt))
-    survivor = start_actor(port, "survivor")
+    learner, port = start_learner(*STORING_LEARNER, *SMALL_BATCHES, "--checkpoint-dir", str(ckpt))
+    survivor = start_actor(port, "survivor", *PACED)
     proxy = TcpProxy(port)
     victim = subprocess.Popen([sys.executable, RAW_ACTOR, f"127.0.0.1:{proxy.port}", "victim", str(TAG)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -122,9 +130,10 @@ def test_actor_killed_with_a_batch_half_sent_leaves_nothing_of_it(tmp_path):
 
 def test_killed_learner_resumes_from_its_checkpoint_and_actors_come_back(tmp_path):
     ckpt, port = tmp_path / "ckpt", free_port()
-    args = [*BIG_LEARNER, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"]
+    args = [*BIG_LEARNER, *SMALL_BATCHES, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"]
     learner, _ = start_learner(*args, port=port)
-    actors = [start_actor(port, "a0", *QUICK_RECONNECT), start_actor(port, "a1", "--seed", "1", *QUICK_RECONNECT)]
+    actors = [start_actor(port, "a0", *QUICK_RECONNECT, *PACED),
+              start_actor(port, "a1", "--seed", "1", *QUICK_RECONNECT, *PACED)]
     restarted = None
     try:
         wait_until(lambda: connected(port) == {"a0", "a1"} and status(port).updates > 20, 60, "training")
@@ -167,9 +176,11 @@ def test_killed_learner_resumes_from_its_checkpoint_and_actors_come_back(tmp_pat
 
 def test_partitioned_actor_holds_a_bounded_window_backs_off_and_loses_nothing():
     window = 4
-    learner, port = start_learner(*BIG_LEARNER, "--max-unacked", str(window))
+    learner, port = start_learner(*STORING_LEARNER, "--max-unacked", str(window))
     proxy = TcpProxy(port)
-    config = ActorConfig(learner=f"127.0.0.1:{proxy.port}", actor_id="partitioned", num_envs=2)
+    # sync: the envs step in this process (the default, ahead, starts a process for them); not paced: an
+    # open window must show as many batches passing while the link stalls
+    config = ActorConfig(learner=f"127.0.0.1:{proxy.port}", actor_id="partitioned", num_envs=2, vector_mode="sync")
     actor = Actor(config)
     runner = threading.Thread(target=actor.run, daemon=True)
     runner.start()
@@ -280,11 +291,12 @@ def netns():
 def test_actor_in_a_network_namespace_survives_its_link_going_down(netns, tmp_path):
     """A kernel-level partition: the veth link goes down under a live stream and comes back."""
     name, host_if, host = netns
-    learner, port = start_learner(*BIG_LEARNER, "--host", host, "--max-unacked", "4")
+    learner, port = start_learner(*STORING_LEARNER, "--host", host, "--max-unacked", "4")
     log = tmp_path / "actor.log"
+    # sync: one actor process (ahead would start a second); not paced: a live link must carry many batches
     actor = subprocess.Popen(["ip", "netns", "exec", name, sys.executable, "-m", "actorlearner", "actor", "--learner",
-                              f"{host}:{port}", "--actor-id", "netns", "--num-envs", "2", *QUICK_RECONNECT],
-                             stderr=log.open("w"))
+                              f"{host}:{port}", "--actor-id", "netns", "--num-envs", "2", "--vector-mode", "sync",
+                              *QUICK_RECONNECT], stderr=log.open("w"))
     try:
         wait_until(lambda: status(port, host).inserted > 10, 60, "batches flowing over the veth link")
         subprocess.run(["ip", "link", "set", host_if, "down"], check=True)
