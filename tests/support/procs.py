@@ -8,6 +8,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import grpc
 
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
+from zygote import ForkedProcess, Zygote
 
 # Small and quick: training starts early and publishes often. The rate limiter is the default one;
 # a test that needs another passes it and says why.
@@ -44,6 +46,26 @@ CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.d
                                                                       os.environ.get("PYTHONPATH")]))}
 
 
+FORKED = ("learner", "actor")
+"""The commands `launch` forks from the zygote (zygote.py): those that import torch. The env server is left to
+start as a user starts it (it must not load torch), as is every command a test starts by `subprocess` itself."""
+_zygote: Zygote | None = None
+
+
+def launch(command: list[str], **popen) -> subprocess.Popen | ForkedProcess:
+    """``command`` (``sys.executable -m actorlearner ...``) as a process: an `actorlearner learner` or `actor`
+    forked from this pytest process's zygote when asked from the main thread (the zygote must end with this
+    process, and the kernel ties it to the thread that started it), any other with `subprocess.Popen`."""
+    global _zygote
+    if command[1:3] != ["-m", "actorlearner"] or command[3] not in FORKED or \
+            threading.current_thread() is not threading.main_thread():
+        return subprocess.Popen(command, **popen)
+    if _zygote is None:
+        _zygote = Zygote(CHILD_ENV)
+    return ForkedProcess(_zygote, command, popen.get("env", os.environ), stdout=popen.get("stdout"),
+                         stderr=popen.get("stderr"), text=popen.get("text", False))
+
+
 def start_learner(*args: str, port: int = 0) -> tuple[subprocess.Popen, int]:
     """``actorlearner learner --port PORT`` (0: any); returns the process and the port it printed."""
     return started([sys.executable, "-m", "actorlearner", "learner", "--port", str(port), *args], "learner",
@@ -55,9 +77,8 @@ def start_actor(port: int, actor_id: str, *args: str, stderr=None) -> subprocess
     the default, auto, spawns a second process per actor (ahead), whose start and two busy cores per actor slow
     the suite's many streaming tests on a 2-core machine by a third. The default itself is tested where it
     matters: test_vector_mode.py, test_ahead.py, in-process actors, and every learning test's ``run``."""
-    return subprocess.Popen([sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
-                             "--actor-id", actor_id, "--num-envs", "2", "--vector-mode", "sync", *args],
-                            stderr=stderr, env=CHILD_ENV)
+    return launch([sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
+                   "--actor-id", actor_id, "--num-envs", "2", "--vector-mode", "sync", *args], stderr=stderr, env=CHILD_ENV)
 
 
 def loads_torch(pid: int) -> bool:
@@ -176,10 +197,10 @@ def status_if(port: int, predicate):
 def start_rank(rank: int, address: str, *args: str) -> subprocess.Popen:
     """One rank of a world of two on this host, on the default device: with LOCAL_RANK as torchrun sets it, on
     a CUDA machine each rank takes a GPU of its own (NCCL), or both the one there is (gloo)."""
-    return subprocess.Popen([sys.executable, "-m", "actorlearner", "learner", "--port", "0", "--env", "CartPole-v1",
-                             "--seed", "0", "--world-size", "2", "--rank", str(rank), "--dist-address", address,
-                             "--num-actors", "2", *args], stdout=subprocess.PIPE, text=True,
-                            env={**CHILD_ENV, "LOCAL_RANK": str(rank)})
+    return launch([sys.executable, "-m", "actorlearner", "learner", "--port", "0", "--env", "CartPole-v1",
+                   "--seed", "0", "--world-size", "2", "--rank", str(rank), "--dist-address", address,
+                   "--num-actors", "2", *args], stdout=subprocess.PIPE, text=True,
+                  env={**CHILD_ENV, "LOCAL_RANK": str(rank)})
 
 
 def listening_port(proc: subprocess.Popen) -> int:
@@ -193,7 +214,7 @@ def listening_port(proc: subprocess.Popen) -> int:
 def started(command: list[str], what: str, **popen) -> tuple[subprocess.Popen, int]:
     """``command`` as a process (stdout piped, text) and the port its first line says it listens on; the
     process is killed and RuntimeError names ``what`` when that line says none."""
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, **popen)
+    proc = launch(command, stdout=subprocess.PIPE, text=True, **popen)
     line = proc.stdout.readline()
     match = LISTENING.search(line)
     if not match:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import queue
 import threading
+from typing import TYPE_CHECKING
 
 import grpc
 import numpy as np
 
 from actorlearner import specs, wire
 from actorlearner.envs import make_env
-from actorlearner.learner.learner import Learner
 from actorlearner.transport import grpc_options
 from actorlearner.v1 import learner_pb2 as pb
+
+if TYPE_CHECKING:  # annotations only: a raw actor process (raw_actor.py) starts without torch
+    from actorlearner.learner.learner import Learner
 
 CONNECT = f"/{pb.DESCRIPTOR.services_by_name['Learner'].full_name}/Connect"
 
