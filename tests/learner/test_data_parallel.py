@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,64 +17,26 @@ from actorlearner.config import LearnerConfig
 from actorlearner.learner.distributed import World, choose_backend, local_device, resolve_world
 from actorlearner.learner.learner import Learner
 from actorlearner.trained import load_trained
-from procs import CHILD_ENV, FAST_LEARNER, free_port, listening_port, start_actor, start_rank, status, stop, wait_until
+from procs import (CHILD_ENV, FAST_LEARNER, fork, free_port, listening_port, start_actor, start_rank, status, stop,
+                   wait_until)
 
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support", "data_parallel_worker.py")
 STEPS = 12  # two target syncs and two published versions (publish_every 5)
 
-# The ranks of every world below are processes forked (multiprocessing's fork start method) from one that
-# did once what costs a fresh rank's Python 8 CPU-s: the imports (torch, the learner, its algorithms, the
-# dynamo its first optimizer imports) and numba's compiler set-up. Each rank still builds its Learner afresh
-# in a process of its own and speaks gloo to the other, for under 1 CPU-s; it ends as multiprocessing's
-# children do (threads joined, no interpreter teardown). A line in: each rank's worker arguments; a line
-# out, once they have all ended: their exit codes.
-ZYGOTE = """
-import json, multiprocessing, os, sys
-import numba, torch._dynamo
-import data_parallel_worker
-numba.njit(lambda x: x + 1)(1)  # what a rank's first kernel would set up
 
-def rank(args):  # its output to OUT.err
-    err = os.open(args[5] + ".err", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    os.dup2(err, 1)
-    os.dup2(err, 2)
-    data_parallel_worker.main(*args)
-
-for line in sys.stdin:
-    ranks = [multiprocessing.get_context("fork").Process(target=rank, args=(args,)) for args in json.loads(line)]
-    for proc in ranks:
-        proc.start()
-    for proc in ranks:
-        proc.join()
-    print(json.dumps([proc.exitcode for proc in ranks]), flush=True)
-"""
-
-
-@pytest.fixture(scope="module")
-def zygote():
-    proc = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env=CHILD_ENV, start_new_session=True)
-    yield proc
-    proc.stdin.close()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # and its ranks
-        proc.wait()
-
-
-def run_world(zygote, checkpoint_dir, steps: int, tag: str, algorithm: str = "dqn") -> list[dict]:
-    """Both ranks of a world of two as worker processes (forked by ``zygote``); what each wrote."""
+def run_world(checkpoint_dir, steps: int, tag: str, algorithm: str = "dqn") -> list[dict]:
+    """Both ranks of a world of two as worker processes (data_parallel_worker.main, forked from the tests'
+    zygote: procs.launch says why); what each wrote."""
     address = f"127.0.0.1:{free_port()}"
     outs = [str(checkpoint_dir.parent / f"{tag}-rank-{rank}.json") for rank in range(2)]
-    zygote.stdin.write(json.dumps([[rank, 2, address, str(checkpoint_dir), steps, out, algorithm]
-                                   for rank, out in enumerate(outs)]) + "\n")
-    zygote.stdin.flush()
-    if not select.select([zygote.stdout], [], [], 300)[0]:
-        os.killpg(zygote.pid, signal.SIGKILL)  # its ranks too; a later world then fails at once
-        pytest.fail("the world did not end within 300 s")
-    codes = json.loads(zygote.stdout.readline())
-    for code, out in zip(codes, outs):
-        assert code == 0, Path(out + ".err").read_text()[-3000:]
+    procs = []
+    for rank, out in enumerate(outs):
+        with open(out + ".err", "w") as err:
+            procs.append(fork([sys.executable, WORKER], ("data_parallel_worker", "main",
+                                                         [rank, 2, address, str(checkpoint_dir), steps, out, algorithm]),
+                              stdout=err, stderr=err, env=CHILD_ENV))
+    for proc, out in zip(procs, outs):
+        assert proc.wait(300) == 0, Path(out + ".err").read_text()[-3000:]
     results = []
     for out in outs:
         with open(out) as fh:
@@ -85,9 +45,9 @@ def run_world(zygote, checkpoint_dir, steps: int, tag: str, algorithm: str = "dq
 
 
 @pytest.fixture(scope="module")
-def first_world(tmp_path_factory, zygote):
+def first_world(tmp_path_factory):
     checkpoint_dir = tmp_path_factory.mktemp("dp") / "checkpoints"
-    return checkpoint_dir, run_world(zygote, checkpoint_dir, STEPS, "first")
+    return checkpoint_dir, run_world(checkpoint_dir, STEPS, "first")
 
 
 def test_two_ranks_hold_identical_parameters_after_every_step_and_publish_the_same_versions(first_world):
@@ -102,9 +62,9 @@ def test_two_ranks_hold_identical_parameters_after_every_step_and_publish_the_sa
 
 
 @pytest.mark.parametrize("algorithm", ["sac", "td3"])
-def test_every_optimizer_of_an_algorithm_averages_its_gradients(tmp_path, zygote, algorithm):
+def test_every_optimizer_of_an_algorithm_averages_its_gradients(tmp_path, algorithm):
     """SAC: actor, critic and temperature optimizers, its own noise generator; TD3: delayed actor updates."""
-    rank0, rank1 = run_world(zygote, tmp_path / "checkpoints", 6, algorithm, algorithm)
+    rank0, rank1 = run_world(tmp_path / "checkpoints", 6, algorithm, algorithm)
     assert rank0["steps"] == rank1["steps"]
     assert len({s["algorithm"] for s in rank0["steps"]}) == 6
     assert rank0["saved"]["replay"] != rank1["saved"]["replay"]
@@ -116,10 +76,10 @@ def test_runtime_changes_that_would_part_the_ranks_are_refused(first_world):
         assert rank["refused"] == "dqn-lr must stay the same on every data-parallel rank: not changeable while they train"
 
 
-def test_a_resumed_world_restores_the_parameters_and_each_rank_its_own_shard(first_world, zygote):
+def test_a_resumed_world_restores_the_parameters_and_each_rank_its_own_shard(first_world):
     checkpoint_dir, first = first_world
     assert sorted(os.listdir(checkpoint_dir)) == ["rank-0", "rank-1"]
-    resumed = run_world(zygote, checkpoint_dir, 3, "resumed")
+    resumed = run_world(checkpoint_dir, 3, "resumed")
     for before, after in zip(first, resumed):
         assert after["restored"] == before["saved"]
         assert after["restored"]["updates"] == STEPS and after["restored"]["size"] == 4 * 32
@@ -127,14 +87,14 @@ def test_a_resumed_world_restores_the_parameters_and_each_rank_its_own_shard(fir
     assert resumed[0]["steps"][-1]["updates"] == STEPS + 3
 
 
-def test_a_world_resumes_at_the_newest_step_every_rank_has(tmp_path, zygote):
+def test_a_world_resumes_at_the_newest_step_every_rank_has(tmp_path):
     """A save cut short on rank 1 (its newest checkpoint gone): both ranks resume at the step before, and
     rank 0 moves its newer one aside."""
     checkpoint_dir = tmp_path / "checkpoints"
-    first = run_world(zygote, checkpoint_dir, 4, "first")
-    run_world(zygote, checkpoint_dir, 2, "second")
+    first = run_world(checkpoint_dir, 4, "first")
+    run_world(checkpoint_dir, 2, "second")
     shutil.rmtree(checkpoint_dir / "rank-1" / f"ckpt-{6:012d}")
-    third = run_world(zygote, checkpoint_dir, 1, "third")
+    third = run_world(checkpoint_dir, 1, "third")
     for before, after in zip(first, third):
         assert after["restored"] == before["saved"]
     kept = sorted(path.name for path in (checkpoint_dir / "rank-0").iterdir())

@@ -56,14 +56,22 @@ def launch(command: list[str], **popen) -> subprocess.Popen | ForkedProcess:
     """``command`` (``sys.executable -m actorlearner ...``) as a process: an `actorlearner learner` or `actor`
     forked from this pytest process's zygote when asked from the main thread (the zygote must end with this
     process, and the kernel ties it to the thread that started it), any other with `subprocess.Popen`."""
-    global _zygote
     if command[1:3] != ["-m", "actorlearner"] or command[3] not in FORKED or \
             threading.current_thread() is not threading.main_thread():
         return subprocess.Popen(command, **popen)
+    return fork(command, None, **popen)
+
+
+def fork(args: list[str], call: tuple[str, str, list] | None, **popen) -> ForkedProcess:
+    """A process forked from this pytest process's zygote (started on first use, from the main thread) that
+    runs ``args`` (``sys.executable -m actorlearner ...``) or ``call`` (module, function, arguments); ``popen``:
+    env, stdout, stderr and text, as `subprocess.Popen` takes them."""
+    global _zygote
     if _zygote is None:
+        assert threading.current_thread() is threading.main_thread(), "the zygote starts from the main thread"
         _zygote = Zygote(CHILD_ENV)
-    return ForkedProcess(_zygote, command, popen.get("env", os.environ), stdout=popen.get("stdout"),
-                         stderr=popen.get("stderr"), text=popen.get("text", False))
+    return ForkedProcess(_zygote, args, popen.get("env", os.environ), stdout=popen.get("stdout"),
+                         stderr=popen.get("stderr"), text=popen.get("text", False), call=call)
 
 
 def start_learner(*args: str, port: int = 0) -> tuple[subprocess.Popen, int]:

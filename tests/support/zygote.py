@@ -1,9 +1,10 @@
-"""Learner, actor, relay and env-server processes forked from one process that imported them once.
+"""Learner, actor and data-parallel rank processes forked from one process that imported them once.
 
 A fresh ``python -m actorlearner learner`` spends about 8 CPU-s before it serves (torch, the learner's
 modules, the dynamo its first optimizer imports, numba) and an actor about 4.5; the suite starts a few
 hundred such processes on two cores. The zygote, one per pytest process, imports all of that once and,
-asked over a Unix socket, forks a child that runs ``actorlearner.cli.main(argv)`` with the environment,
+asked over a Unix socket, forks a child that runs ``actorlearner.cli.main(argv)`` (or another function
+of an importable module, as tests/support/data_parallel_worker.py's ``main``) with the environment,
 stdin, stdout and stderr the test gave: a real process of its own, with its own pid, signals, children,
 sockets and exit code, that skips only the interpreter's start. `ForkedProcess` is what the test holds,
 with the part of `subprocess.Popen` the tests use.
@@ -42,11 +43,13 @@ class Zygote:
         self.lock = threading.Lock()
         self.exits: dict[int, int] = {}
 
-    def fork(self, argv: list[str], env: dict[str, str], stdio: tuple[int, int, int]) -> int:
-        """The pid of a new child running ``actorlearner argv`` with ``env`` and fds ``stdio`` as 0, 1, 2."""
+    def fork(self, call: tuple[str, str, list], env: dict[str, str], stdio: tuple[int, int, int],
+             argv: list[str] | None = None) -> int:
+        """The pid of a new child that calls ``module.function(*args)`` (``call``) with ``env``, fds ``stdio`` as 0,
+        1, 2 and ``argv`` as sys.argv; its exit code is what the function returns (or raises as SystemExit)."""
         with self.lock:
-            socket.send_fds(self.socket, [json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}).encode()],
-                            list(stdio))
+            request = {"call": call, "env": env, "cwd": os.getcwd(), "argv": argv or [call[0], *map(str, call[2])]}
+            socket.send_fds(self.socket, [json.dumps(request).encode()], list(stdio))
             while True:
                 reply = self._receive()
                 if "pid" in reply:
@@ -77,7 +80,9 @@ class ForkedProcess:
     """A child of the zygote, held as a `subprocess.Popen` is: pid, poll, wait, signals, pipes."""
 
     def __init__(self, zygote: Zygote, args: list[str], env: dict[str, str], stdout=None, stderr=None,
-                 text: bool = False):
+                 text: bool = False, call: tuple[str, str, list] | None = None):
+        """``args``: ``sys.executable -m actorlearner ...``, run as ``actorlearner.cli.main(args[3:])`` unless
+        ``call`` names another function; ``stdout`` and ``stderr`` as `subprocess.Popen` takes them."""
         self.args, self.zygote, self.returncode = args, zygote, None
         self.stdout = self.stderr = None
         stdio, opened, readers = [os.open(os.devnull, os.O_RDONLY)], [], {}
@@ -98,7 +103,8 @@ class ForkedProcess:
             else:
                 stdio.append(target if isinstance(target, int) else target.fileno())
         try:
-            self.pid = zygote.fork(args[3:], env, tuple(stdio))
+            self.pid = zygote.fork(call or ("actorlearner.cli", "main", [args[3:]]), env, tuple(stdio),
+                                   argv=None if call else ["actorlearner", *args[3:]])
         finally:
             for fd in opened:
                 os.close(fd)
@@ -138,8 +144,9 @@ class ForkedProcess:
 
 
 def _child(request: dict, stdio: list[int], zygote_fd: int) -> None:
-    """In the forked child: the test's fds and environment, then the command."""
-    from actorlearner.cli import main
+    """In the forked child: the test's fds and environment, then the call."""
+    import importlib
+
     from actorlearner.lifeline import end_with_parent
 
     os.close(zygote_fd)
@@ -150,8 +157,9 @@ def _child(request: dict, stdio: list[int], zygote_fd: int) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
-    sys.argv = ["actorlearner", *request["argv"]]
-    sys.exit(main(request["argv"]))
+    module, function, args = request["call"]
+    sys.argv = request["argv"]  # what argparse's usage lines name
+    sys.exit(getattr(importlib.import_module(module), function)(*args))
 
 
 def _serve(fd: int) -> None:
@@ -196,6 +204,7 @@ def _preload() -> None:
     import actorlearner.cli.actor  # noqa: F401
     import actorlearner.cli.learner  # noqa: F401
     import actorlearner.learner.server  # noqa: F401
+    import data_parallel_worker  # noqa: F401
 
     torch.optim.Adam(torch.nn.Linear(1, 1).parameters())  # imports torch._dynamo
     numba.njit(lambda x: x + 1)(1)
