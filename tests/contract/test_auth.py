@@ -22,6 +22,9 @@ from certs import Authority
 from procs import FAST_LEARNER, start_actor, start_learner, stop, wait_until
 
 TOKEN = "correct-horse-battery-staple"
+# The actors' stream is only what the learner trains on here, not load: CartPole paced at 2 ms a step (same
+# spaces) streams steadily without running a core flat out while a test checks strangers.
+PACED = ["--env", "custom_envs:paced_cartpole"]
 
 
 def get_status(port: int, security: SecurityConfig | None) -> pb.StatusResponse:
@@ -62,7 +65,7 @@ def token_file(tmp_path):
 
 def test_learner_with_a_token_refuses_strangers_and_serves_its_actors(token_file):
     learner, port = start_learner(*FAST_LEARNER, "--auth-token-file", token_file)
-    actor = start_actor(port, "trusted", "--auth-token-file", token_file)
+    actor = start_actor(port, "trusted", "--auth-token-file", token_file, *PACED)
     try:
         good = SecurityConfig(auth_token_file=token_file)
         wait_until(lambda: get_status(port, good).policy_version >= 2, 90, "training with the token")
@@ -116,7 +119,7 @@ def pki(tmp_path):
 
 def test_mutual_tls_admits_only_certificates_signed_by_the_ca(pki):
     learner, port = start_learner(*FAST_LEARNER, *pki["server"])
-    actor = start_actor(port, "certified", *pki["client_args"])
+    actor = start_actor(port, "certified", *pki["client_args"], *PACED)
     try:
         wait_until(lambda: get_status(port, pki["client"]).policy_version >= 2, 90, "training over mutual TLS")
         # gRPC checks client certificates in the TLS handshake: a stranger gets no session at all.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import threading
+from typing import TYPE_CHECKING
 
 import gymnasium as gym
 import numpy as np
@@ -14,8 +15,6 @@ import pytest
 from gymnasium import spaces
 
 from actorlearner.actor.profile import StepProfile
-from actorlearner.actor.stepping import Lockstep, Pipelined, VectorStep, stepper
-from actorlearner.algorithms import make_spec
 from actorlearner.envs import make_vector_env
 from actorlearner.envs.factory import VECTOR_MODES
 from actorlearner.envs.workers import PairedWorkerEnvs
@@ -23,8 +22,13 @@ from custom_envs import short_cartpole
 from procs import (NOT_TRAINING, cmdline, loads_torch, process_children, start_actor, start_learner, start_time,
                    status_if, stop, wait_until)
 
+if TYPE_CHECKING:
+    from actorlearner.actor.stepping import VectorStep
 
-# Spawned workers import this module by name: pytest puts its folder on sys.path, which they inherit.
+
+# Spawned workers import this module by name: pytest puts its folder on sys.path, which they inherit. So the
+# pipelined stepper and the algorithms, which import torch, are imported in the tests that use them: a worker
+# that imports this module then starts without torch, in a fraction of the CPU.
 def fails_in_a_worker() -> gym.Env:
     """A CartPole in the parent process (PairedWorkerEnvs probes the first factory there), an error in a worker."""
     if mp.parent_process() is not None:
@@ -202,6 +206,7 @@ PIPELINE_STEPS = 150
 
 def run_stepper(step, policy, exploration, steps: int) -> list[VectorStep]:
     """``steps`` calls, call i naming weights version i."""
+    from actorlearner.actor.stepping import VectorStep
     out = [step.step(policy, exploration, version) for version in range(steps)]
     for i, vector_step in enumerate(out):
         assert isinstance(vector_step, VectorStep)
@@ -223,6 +228,9 @@ def replay_on_sync(sync: gym.vector.VectorEnv, seed: int, steps: list[VectorStep
 
 
 def test_pipelined_steps_are_the_sync_env_dynamics_with_the_actions_it_chose():
+    from actorlearner.actor.stepping import Lockstep, Pipelined, stepper
+    from actorlearner.algorithms import make_spec
+
     envs = make_vector_env("CartPole-v1", PIPELINE_ENVS, "workers")
     sync = make_vector_env("CartPole-v1", PIPELINE_ENVS, "sync")
     try:

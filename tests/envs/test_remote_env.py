@@ -297,8 +297,11 @@ def test_run_trains_on_a_grpc_env(tmp_path):
     """``run`` with a ``grpc://`` env: its actor and its evaluator play through the env server, and it trains."""
     server, port = start_env_server("CartPole-v1")
     with open(tmp_path / "stderr.txt", "w") as stderr:
+        # A sync-mode actor: the point is the env behind a server, not the vector mode (auto would spawn the
+        # actor's env loop as a process of its own, one more torch start and busy core).
         run = subprocess.Popen([sys.executable, "-m", "actorlearner", "run", "--port", "0", *FAST_LEARNER,
                                 "--env", f"grpc://127.0.0.1:{port}", "--actors", "1", "--num-envs", "2",
+                                "--vector-mode", "sync",
                                 "--max-seconds", "600", "--eval-every", "2", "--eval-episodes", "2", "--eval-envs", "2",
                                 "--no-plot", "--run-dir", str(tmp_path / "run")],
                                stdout=subprocess.PIPE, stderr=stderr, text=True, env=CHILD_ENV)
