@@ -234,11 +234,6 @@ class ReplayService:
         return {"inserts": self.buffer.inserted - self.buffer.abandoned,
                 "samples": self.limiter.samples, "shift": self.limiter.shift}
 
-    @property
-    def seq_table(self) -> dict[str, int]:
-        """The seqs stored with the buffer's contents, by actor id (a copy)."""
-        return self.exactly_once.seq_table
-
     def snapshot(self) -> ReplaySnapshot | None:
         """Within :meth:`quiesced`: the buffer as of now, read out later in chunks while inserts go on (None
         when checkpoints leave the buffer out). Close it when done."""

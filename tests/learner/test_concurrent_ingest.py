@@ -86,4 +86,4 @@ def test_a_batch_is_stored_while_another_insert_is_open_and_a_checkpoint_waits_f
         finally:
             stream.close()
     restored = Learner(config)  # from the checkpoint: the open insert whole and batches 1-3, not batch 4
-    assert len(restored.replay) == 64 + 3 * 32 and restored.replay.seq_table == {"fast": 3}
+    assert len(restored.replay) == 64 + 3 * 32 and restored.replay.exactly_once.seq_table == {"fast": 3}

@@ -59,7 +59,7 @@ def insert(learner: Learner, actor_id: str, seq: int, n: int = 32) -> None:
 
 def shard(learner: Learner) -> dict:
     return {"replay": digest(learner.replay.buffer.state_dict()), "size": len(learner.replay),
-            "seq_table": dict(learner.replay.seq_table), "limiter": learner.replay.limiter.state_dict()}
+            "seq_table": dict(learner.replay.exactly_once.seq_table), "limiter": learner.replay.limiter.state_dict()}
 
 
 def main(rank: int, world: int, address: str, checkpoint_dir: str, steps: int, out: str, algorithm: str) -> None:
@@ -70,7 +70,7 @@ def main(rank: int, world: int, address: str, checkpoint_dir: str, steps: int, o
     learner = Learner(config)
     result = {"restored": {"algorithm": digest(learner.algorithm.state_dict()), "updates": learner.updates,
                            "version": learner.version, **shard(learner)}}
-    first = learner.replay.seq_table.get(f"rank-{rank}", 0)
+    first = learner.replay.exactly_once.seq_table.get(f"rank-{rank}", 0)
     for seq in range(first + 1, first + 5):
         insert(learner, f"rank-{rank}", seq)
     result["steps"] = []
