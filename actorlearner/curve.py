@@ -7,12 +7,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+Point = tuple[float, int, float]
+"""(wall seconds, env steps, return)."""
+
+
 @dataclass
 class LearningCurve:
     """Points of (wall seconds, env steps, return): actors' recent episode returns, and each evaluation's mean."""
 
-    episodes: list[tuple[float, int, float]] = field(default_factory=list)
-    evaluations: list[tuple[float, int, float]] = field(default_factory=list)
+    episodes: list[Point] = field(default_factory=list)
+    evaluations: list[Point] = field(default_factory=list)
 
     def record(self, seconds: float, env_steps: int, episode_return: float, eval_return: float | None = None) -> None:
         """Note the current recent episode return (skipped while NaN) and, when given, a new evaluation."""
@@ -32,10 +36,6 @@ class LearningCurve:
                 ax.plot([p[x] for p in self.evaluations], [p[2] for p in self.evaluations], color="tab:orange",
                         marker="o", markersize=3, linewidth=1.5, label="eval return (greedy, learner)")
         save_panels(fig, axes, path, title, "return")
-
-
-Point = tuple[float, int, float]
-"""(wall seconds, env steps, return)."""
 
 
 def target_reached(evaluations: list[Point], target: float, holds: int = 1) -> tuple[Point | None, Point | None]:

@@ -17,7 +17,7 @@ from actorlearner.cli.common import logger, on_signals, warn_if_exposed
 from actorlearner.cli.learner import start_learner
 from actorlearner.config import LearnerConfig, RunConfig, options
 from actorlearner.config.learner import learner_settings
-from actorlearner.curve import LearningCurve, target_reached
+from actorlearner.curve import LearningCurve, Point, target_reached
 from actorlearner.lifeline import PARENT_ENV
 from actorlearner.telemetry import format_progress
 from actorlearner.transport import SecurityConfig
@@ -103,7 +103,7 @@ def run_command(config: RunConfig) -> int:
     return 0 if solved else 1
 
 
-def _when(point: tuple[float, int, float] | None) -> dict | None:
+def _when(point: Point | None) -> dict | None:
     """An evaluation's wall seconds and env steps, for the result line."""
     return point and {"seconds": round(point[0], 2), "env_steps": point[1]}
 
