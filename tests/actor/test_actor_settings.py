@@ -13,7 +13,8 @@ import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
-from procs import FAST_LEARNER, NOT_TRAINING, free_port, start_actor, start_learner, status, stop, wait_until
+from procs import (FAST_LEARNER, NOT_TRAINING, PACED_ENV, free_port, start_actor, start_learner, status, stop,
+                   wait_until)
 
 from actorlearner import wire
 from actorlearner.actor.actor import Actor
@@ -33,9 +34,6 @@ SECOND = [*FAST_LEARNER, "--dqn-n-step", "2", "--dqn-gamma", "0.9", "--actor-bat
           "--codec", "msgpack+zlib"]
 # Made under the first learner: its window (resent), a batch waiting for room, the close-out of the rest.
 OLD_BATCHES_AT_MOST = 4 + 1 + 2
-# The actors here are about settings, not load: CartPole paced at 2 ms a step (same spaces) streams
-# steadily without running a core flat out.
-PACED_CARTPOLE = "custom_envs:paced_cartpole"
 
 
 def grows_in_batches_of(port: int, size: int) -> bool:
@@ -90,7 +88,7 @@ def test_a_new_assembler_continues_a_flushed_ones_episodes_and_still_skips_an_au
 def test_actor_process_follows_a_learner_restarted_with_other_settings(tmp_path):
     port = free_port()
     first, first_id = run_learner([*FIRST, "--checkpoint-dir", str(tmp_path)], port)
-    actor = start_actor(port, "follower", "--reconnect-max", "1", "--env", PACED_CARTPOLE, stderr=subprocess.PIPE)
+    actor = start_actor(port, "follower", "--reconnect-max", "1", "--env", PACED_ENV, stderr=subprocess.PIPE)
     log = StderrLines(actor)
     second = None
     try:
@@ -125,7 +123,7 @@ def test_in_process_actor_rebuilds_assembler_epsilon_batches_window_and_network_
     # Learners that store batches and never train: weights come with each Welcome, and nothing here trains.
     first, first_id = run_learner([*FIRST, *NOT_TRAINING], port)
     actor = Actor(ActorConfig(learner=f"127.0.0.1:{port}", actor_id="in-process", num_envs=2, reconnect_max=1.0,
-                              env=PACED_CARTPOLE))
+                              env=PACED_ENV))
     runner = threading.Thread(target=actor.run, daemon=True)
     runner.start()
     second = None

@@ -13,12 +13,7 @@ from actorlearner import specs, wire
 from actorlearner.envs import make_env
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
-from procs import FAST_LEARNER, start_actor, start_learner, status, stop, wait_until
-
-
-# Actors whose stream is what the learner trains on and versions are made of, not load: CartPole paced
-# at 2 ms a step (same spaces) streams steadily without running a core flat out.
-PACED = ["--env", "custom_envs:paced_cartpole"]
+from procs import FAST_LEARNER, PACED, start_actor, start_learner, status, stop, wait_until
 
 
 def actor_versions(port: int) -> dict[str, tuple[int, int, bool]]:

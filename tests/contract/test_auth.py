@@ -19,12 +19,9 @@ from actorlearner.transport import SecurityConfig, open_channel
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 from certs import Authority
-from procs import FAST_LEARNER, start_actor, start_learner, stop, wait_until
+from procs import FAST_LEARNER, PACED, start_actor, start_learner, stop, wait_until
 
 TOKEN = "correct-horse-battery-staple"
-# The actors' stream is only what the learner trains on here, not load: CartPole paced at 2 ms a step (same
-# spaces) streams steadily without running a core flat out while a test checks strangers.
-PACED = ["--env", "custom_envs:paced_cartpole"]
 
 
 def get_status(port: int, security: SecurityConfig | None) -> pb.StatusResponse:

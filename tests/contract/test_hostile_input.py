@@ -25,7 +25,7 @@ import pytest
 from actorlearner import specs, wire
 from actorlearner.envs import make_env
 from actorlearner.v1 import learner_pb2 as pb
-from procs import CHILD_ENV, FAST_LEARNER, start_learner, status, stop, wait_until
+from procs import CHILD_ENV, FAST_LEARNER, PACED_ENV, start_learner, status, stop, wait_until
 
 CONNECT = "/actorlearner.v1.Learner/Connect"
 MAX_MESSAGE = 1 << 20
@@ -61,7 +61,7 @@ def live(tmp_path_factory):
     log = tmp_path_factory.mktemp("good-actor") / "stderr.log"
     with open(log, "w") as stderr:
         actor = subprocess.Popen([sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
-                                  "--actor-id", GOOD, "--env", "custom_envs:paced_cartpole", "--num-envs", "2",
+                                  "--actor-id", GOOD, "--env", PACED_ENV, "--num-envs", "2",
                                   "--vector-mode", "sync"],
                                  stderr=stderr, env=CHILD_ENV)
     try:

@@ -74,6 +74,12 @@ def fork(args: list[str], call: tuple[str, str, list] | None, **popen) -> Forked
                          stderr=popen.get("stderr"), text=popen.get("text", False), call=call)
 
 
+PACED_ENV = "custom_envs:paced_cartpole"
+"""CartPole at 2 ms a step (same spaces), for an actor whose stream is only background, not load: it streams
+steadily without running a core flat out."""
+PACED = ["--env", PACED_ENV]
+
+
 def start_learner(*args: str, port: int = 0) -> tuple[subprocess.Popen, int]:
     """``actorlearner learner --port PORT`` (0: any); returns the process and the port it printed."""
     return started([sys.executable, "-m", "actorlearner", "learner", "--port", str(port), *args], "learner",
@@ -86,7 +92,8 @@ def start_actor(port: int, actor_id: str, *args: str, stderr=None) -> subprocess
     the suite's many streaming tests on a 2-core machine by a third. The default itself is tested where it
     matters: test_vector_mode.py, test_ahead.py, in-process actors, and every learning test's ``run``."""
     return launch([sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
-                   "--actor-id", actor_id, "--num-envs", "2", "--vector-mode", "sync", *args], stderr=stderr, env=CHILD_ENV)
+                   "--actor-id", actor_id, "--num-envs", "2", "--vector-mode", "sync", *args],
+                  stderr=stderr, env=CHILD_ENV)
 
 
 def loads_torch(pid: int) -> bool:

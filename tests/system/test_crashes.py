@@ -22,8 +22,8 @@ from actorlearner.checkpoint.store import CheckpointStore
 from actorlearner.config import ActorConfig, LearnerConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.server import serve
-from procs import (FAST_LEARNER, NOT_TRAINING, free_port, rss_kib, start_actor, start_learner, status, stop,
-                   wait_until)
+from procs import (FAST_LEARNER, NOT_TRAINING, PACED, free_port, rss_kib, start_actor, start_learner, status,
+                   stop, wait_until)
 from raw_actor import RawActor, tagged_rows
 from streams import hello
 from tcp_proxy import UP, TcpProxy
@@ -35,9 +35,7 @@ BIG_LEARNER = [*FAST_LEARNER, "--replay-capacity", "300000"]  # never wraps with
 # BIG_LEARNER that stores every batch and never trains, for tests about streams rather than training: its
 # trainer does not take a core while the test waits.
 STORING_LEARNER = [*FAST_LEARNER, *NOT_TRAINING, "--replay-capacity", "300000"]
-# A background actor's env, where the test is not about load: CartPole paced at 2 ms a step (same spaces)
-# streams steadily without running a core flat out; its learner's small actor batches keep them coming often.
-PACED = ["--env", "custom_envs:paced_cartpole"]
+# Paced actors' batches (procs.PACED) come often with small ones.
 SMALL_BATCHES = ["--actor-batch-size", "32"]
 ACTOR_BATCH = LearnerConfig().actor_batch_size  # transitions per batch an actor streams
 # Where a test is not about backoff, actors retry at least every RECONNECT_MAX * 1.5 s (jitter);
