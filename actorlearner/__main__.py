@@ -1,7 +1,5 @@
 """``python -m actorlearner``: the same as the ``actorlearner`` command."""
 
-import sys
+from actorlearner.cli import command_line
 
-from actorlearner.cli import main
-
-sys.exit(main())
+command_line()

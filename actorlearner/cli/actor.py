@@ -6,7 +6,7 @@ import logging
 import os
 import threading
 
-from actorlearner.cli.common import logger, metrics_port, on_signals
+from actorlearner.cli.common import logger, metrics_port, on_signals, started
 from actorlearner.config import ActorConfig
 from actorlearner.health import CONNECTED, Health
 from actorlearner.lifeline import end_with_parent_from_env
@@ -29,6 +29,7 @@ def actor_command(config: ActorConfig) -> int:
     except ValueError as exc:
         logger.error("cannot start the actor: %s", exc)
         return 2
+    started()
 
     def stop() -> None:
         actor.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from actorlearner.cli.common import logger, metrics_port, on_signals, warn_if_exposed
+from actorlearner.cli.common import logger, metrics_port, on_signals, started, warn_if_exposed
 from actorlearner.config import LearnerConfig, presets
 from actorlearner.health import Health
 from actorlearner.telemetry import format_progress
@@ -23,6 +23,7 @@ def learner_command(config: LearnerConfig) -> int:
     learner = start_learner(config)  # restores the newest good checkpoint, buffer included
     if learner is None:
         return 2
+    started()
     stop = threading.Event()
     on_signals(stop.set)
     health = Health()

@@ -7,18 +7,17 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
 import sys
 import threading
 import time
 from typing import TYPE_CHECKING
 
-from actorlearner.cli.common import logger, on_signals, warn_if_exposed
+from actorlearner.cli.common import logger, on_signals, started, warn_if_exposed
 from actorlearner.cli.learner import start_learner
+from actorlearner.cli.local_actors import LocalActor, stop_actors
 from actorlearner.config import LearnerConfig, RunConfig, options
 from actorlearner.config.learner import learner_settings
 from actorlearner.curve import LearningCurve, Point, target_reached
-from actorlearner.lifeline import PARENT_ENV
 from actorlearner.telemetry import format_progress
 from actorlearner.transport import SecurityConfig
 
@@ -29,7 +28,6 @@ if TYPE_CHECKING:
 def run_command(config: RunConfig) -> int:
     """Learner in this process, actors as child processes; exit 0 if solved, else 1."""
     from actorlearner.actor.actor import VECTOR_MODE_CHOICES
-    from actorlearner.learner.server import serve
 
     if config.learner.world_size > 1:
         logger.error("run trains one learner; data-parallel ones are 'actorlearner learner --world-size N' each")
@@ -46,9 +44,21 @@ def run_command(config: RunConfig) -> int:
         config.learner, num_actors=config.actors, world_size=1,  # WORLD_SIZE set or not
         checkpoint_dir=config.learner.checkpoint_dir or os.path.join(run_dir, "checkpoints"),
         logdir=config.learner.logdir or os.path.join(run_dir, "tb"))
+    actors = [_fork_actor(config, i) for i in range(config.actors)]  # first: they build their envs meanwhile
+    try:
+        return _train(config, learner_config, run_dir, actors)
+    finally:
+        stop_actors(actors)
+
+
+def _train(config: RunConfig, learner_config: LearnerConfig, run_dir: str, actors: list[LocalActor]) -> int:
+    """Build the learner, send the actors its address, train until a reason to end; print the result line."""
+    from actorlearner.learner.server import serve
+
     learner = start_learner(learner_config)
     if learner is None:
         return 2
+    started()
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "settings.json"), "w") as fh:  # how this run trained, its preset included
         json.dump(learner_settings(learner_config, learner.algorithm_config), fh, indent=1, default=str)
@@ -61,8 +71,8 @@ def run_command(config: RunConfig) -> int:
     with serve(learner, host, learner_config.port) as port:
         learner.start()
         print(f"learner listening on {host}:{port}", flush=True)  # for `actorlearner status`, `set`, more actors
-        address = f"{local_address(host)}:{port}"
-        actors = [_spawn_actor(config, address, i) for i in range(config.actors)]
+        for actor in actors:
+            actor.connect(f"{local_address(host)}:{port}")
         last_print = 0.0
         evaluation, progress = learner.evaluation, learner.progress
         ended = "stopped"  # by SIGINT or SIGTERM, unless the loop finds another reason
@@ -81,7 +91,7 @@ def run_command(config: RunConfig) -> int:
                 last_print = elapsed
                 sps = progress.env_steps / max(elapsed, 1e-9)
                 print(f"[{elapsed:6.1f}s] {format_progress({**learner.summary(), 'sps': sps})}", file=sys.stderr, flush=True)
-        _stop_processes(actors)
+        stop_actors(actors)
     learner.stop()  # joins an evaluation already under way; its result counts if the run was not solved yet
     elapsed = time.monotonic() - start
     evaluation, progress = learner.evaluation, learner.progress
@@ -119,17 +129,16 @@ def local_address(host: str) -> str:
     return "127.0.0.1" if host.strip("[]") in ("", "0.0.0.0", "::") else host
 
 
-def _spawn_actor(config: RunConfig, address: str, index: int) -> subprocess.Popen:
-    command = [sys.executable, "-m", "actorlearner", "actor", "--learner", address,
-               "--env", config.learner.env, "--num-envs", str(config.num_envs), "--vector-mode", config.vector_mode,
-               "--frame-stack", str(config.learner.frame_stack),
-               "--seed", str(config.learner.seed * 1000 + index), "--actor-id", f"actor-{index}"]
+def _fork_actor(config: RunConfig, index: int) -> LocalActor:
+    argv = ["--env", config.learner.env, "--num-envs", str(config.num_envs), "--vector-mode", config.vector_mode,
+            "--frame-stack", str(config.learner.frame_stack),
+            "--seed", str(config.learner.seed * 1000 + index), "--actor-id", f"actor-{index}"]
     security = {opt.env_var: str(value) for opt in options(SecurityConfig)
                 if (value := getattr(config.learner.security, opt.path[-1]))}  # by env var: no token in ps
-    return subprocess.Popen(command, env={**os.environ, **security, PARENT_ENV: str(os.getpid())})
+    return LocalActor(argv, security, f"actor-{index}")
 
 
-def _reason_to_end(config: RunConfig, learner: Learner, actors: list[subprocess.Popen], solved: bool,
+def _reason_to_end(config: RunConfig, learner: Learner, actors: list[LocalActor], solved: bool,
                    elapsed: float) -> str | None:
     """Why the run ends now (the result's ``ended``), or None while it goes on. "trained": training reached
     --max-updates and the last version it published has been evaluated (if it evaluates)."""
@@ -147,17 +156,3 @@ def _reason_to_end(config: RunConfig, learner: Learner, actors: list[subprocess.
     if learner.failed.is_set():
         return "training failed"
     return None
-
-
-def _stop_processes(processes: list[subprocess.Popen], timeout: float = 15.0) -> None:
-    """SIGTERM, then SIGKILL whatever has not exited by ``timeout``."""
-    for proc in processes:
-        if proc.poll() is None:
-            proc.terminate()
-    deadline = time.monotonic() + timeout
-    for proc in processes:
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
