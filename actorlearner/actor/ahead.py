@@ -199,8 +199,10 @@ def _announcement(versions: list[int], acted: list[Any]) -> tuple[list[int], Any
 
 
 class LoopProcess:
-    """The child process stepping a sync vector env of ``env_fns`` (picklable: start method ``spawn``); it
-    ends with this process, however this one ends.
+    """The child process stepping a sync vector env of ``env_fns``; it ends with this process, however this
+    one ends. It is forked where this process has no other thread (an actor command as it starts): it begins
+    with the modules imported here, torch's among them, instead of importing them again. Elsewhere it is
+    spawned (``env_fns`` picklable): a lock another thread held at a fork would stay held in the child.
 
     It stands in for the vector env where the actor reads one: spaces, ``num_envs``, ``metadata``. Once
     ``interrupt`` is set, waiting for the loop gives up (`Interrupted`) after a second without news.
@@ -211,7 +213,7 @@ class LoopProcess:
         self.single_observation_space, self.single_action_space, self.metadata = probe(env_fns[0])
         self.num_envs = len(env_fns)
         self._interrupt = interrupt or threading.Event()
-        ctx = mp.get_context("spawn")
+        ctx = mp.get_context("fork" if threading.active_count() == 1 else "spawn")
         spaces = (self.single_observation_space, self.single_action_space, self.num_envs)
         first = SharedSteps(ctx, *spaces)
         self.slots = max(2, min(AHEAD, SLOT_BYTES // max(first.nbytes(), 1)))
