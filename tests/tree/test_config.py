@@ -3,6 +3,7 @@ the README's tables and code map stay generated from the code."""
 
 import argparse
 import dataclasses
+import gc
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -215,6 +216,19 @@ def test_every_command_takes_its_options_from_a_config_dataclass_and_a_bad_value
             main(argv)
         errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
         assert exited.value.code == 2 and len(errors) == 1 and reason in errors[0], (argv, errors)
+
+
+def test_main_leaves_a_callers_garbage_collector_as_it_found_it(tmp_path):
+    """A command turns collection off while it starts and freezes start-up's objects once built
+    (cli.common.started); called in a process that goes on (a test, an embedding program), main hands the
+    collector back on and unfrozen, whether the command got that far (export) or ended first (run)."""
+    from actorlearner.cli import main
+
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    for argv in (["export", "--checkpoint", str(tmp_path / "none"), "--out", str(tmp_path / "policy.onnx")],
+                 ["run", "--vector-mode", "bogus"]):
+        assert main(argv) != 0
+        assert gc.isenabled() and gc.get_freeze_count() == 0, argv
 
 
 def test_a_bare_bool_flag_means_true():
