@@ -24,8 +24,8 @@ def on_signals(handler) -> None:
 def started() -> None:
     """Call once a long-running command has built what it serves with. The objects start-up made (torch's
     import alone: some 400,000, which live as long as the process) go to the collector's permanent generation:
-    a full collection then walks only what came after (not a fifth of a second each), and so does the last one
-    at exit. Collection, off while the command started (:func:`actorlearner.cli.main`), is on again."""
+    a full collection then walks only what came after, not all of them (a fifth of a second each). Collection,
+    off while the command started (:func:`actorlearner.cli.main`), is on again."""
     gc.freeze()
     gc.enable()
 

@@ -30,10 +30,6 @@ class LocalActor:
         self._process.start()
         receive.close()
 
-    @property
-    def pid(self) -> int:
-        return self._process.pid
-
     def connect(self, address: str) -> None:
         """Have the actor stream to the learner at ``address``."""
         self._send.send(address)

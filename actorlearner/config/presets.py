@@ -31,7 +31,7 @@ _MINATAR_GAMES = ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders")
 _ATARI_DQN = {"eval-every": 60.0, "eval-episodes": 5}
 
 # Pendulum with SAC: 64-unit layers instead of the default's 256 (kept for other envs). On one core an update of
-# the wide networks costs about 25 ms; the narrow ones solved in about 60% of the wall time, in 10-25% more
+# the wide networks costs about 25 ms; the narrow ones solved in about 60% of the wall time, in 10-45% more
 # updates.
 _PENDULUM_SAC = {"sac-hidden-sizes": (64, 64)}
 
