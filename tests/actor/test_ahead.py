@@ -18,8 +18,8 @@ from actorlearner.actor.stepping import Lockstep
 from actorlearner.algorithms import make_spec
 from actorlearner.envs import make_vector_env
 from actorlearner.envs.factory import env_factories
-from procs import (CHILD_ENV, NOT_TRAINING, process_children, start_actor, start_learner, start_time, status,
-                   status_if, stop, wait_until)
+from procs import (CHILD_ENV, NOT_TRAINING, process_children, run_command, start_actor, start_learner, start_time,
+                   status, status_if, stop, wait_until)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -141,8 +141,8 @@ def test_a_recurrent_policy_is_refused_with_the_reason():
     (["--env", "NoSuchEnv-v0"], ["cannot make environment 'NoSuchEnv-v0'"]),
 ])
 def test_an_actor_that_cannot_be_built_says_why_in_one_line_and_exits_2(args, words):
-    done = subprocess.run([sys.executable, "-m", "actorlearner", "actor", "--learner", "127.0.0.1:1", *args],
-                          capture_output=True, text=True, timeout=120, env=CHILD_ENV)
+    done = run_command([sys.executable, "-m", "actorlearner", "actor", "--learner", "127.0.0.1:1", *args], timeout=120,
+                       env=CHILD_ENV)
     errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
     assert done.returncode == 2, done.stderr
     assert len(errors) == 1 and all(word in errors[0] for word in words), done.stderr

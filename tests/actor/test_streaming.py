@@ -13,7 +13,7 @@ from actorlearner import specs, wire
 from actorlearner.envs import make_env
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
-from procs import FAST_LEARNER, PACED, start_actor, start_learner, status, stop, wait_until
+from procs import FAST_LEARNER, PACED, run_command, start_actor, start_learner, status, stop, wait_until
 
 
 def actor_versions(port: int) -> dict[str, tuple[int, int, bool]]:
@@ -113,9 +113,8 @@ def test_killing_one_actor_leaves_the_learner_and_the_other_running():
 def test_actor_with_a_different_env_is_refused_with_failed_precondition(shared_learner):
     learner, port = shared_learner
     # sync: the default (ahead) would start its env loop's process too before it is refused
-    wrong = subprocess.run([sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
-                            "--env", "Acrobot-v1", "--actor-id", "wrong", "--vector-mode", "sync"],
-                           capture_output=True, text=True, timeout=60)
+    wrong = run_command([sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
+                         "--env", "Acrobot-v1", "--actor-id", "wrong", "--vector-mode", "sync"], timeout=60)
     assert wrong.returncode == 2
     assert "FAILED_PRECONDITION" in wrong.stderr and "env spec" in wrong.stderr
     assert learner.poll() is None

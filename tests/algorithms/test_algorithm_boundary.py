@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from procs import CHILD_ENV, free_port, start_actor, start_learner, status, stop, wait_until
+from procs import CHILD_ENV, free_port, run_command, start_actor, start_learner, status, stop, wait_until
 from streams import RawStream
 
 from actorlearner import wire
@@ -41,8 +41,8 @@ def test_actor_learner_cli_and_config_import_no_algorithm():
     ("custom_envs:dict_action", ["action space Dict('move': MultiDiscrete(", "is not supported"]),
 ])
 def test_a_space_no_algorithm_here_learns_from_is_refused_at_learner_start_in_one_line(env, words):
-    done = subprocess.run([sys.executable, "-m", "actorlearner", "learner", "--env", env, "--port", "0"],
-                          capture_output=True, text=True, timeout=120, env=CHILD_ENV)
+    done = run_command([sys.executable, "-m", "actorlearner", "learner", "--env", env, "--port", "0"], timeout=120,
+                       env=CHILD_ENV)
     errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
     assert done.returncode == 2, done.stderr
     assert len(errors) == 1 and all(word in errors[0] for word in words), done.stderr

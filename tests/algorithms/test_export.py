@@ -25,7 +25,7 @@ from actorlearner.networks import leaf_arrays
 from actorlearner.specs import space_from_proto
 from actorlearner.trained import load_trained
 from actorlearner.v1 import env_pb2
-from procs import CHILD_ENV, WITHOUT_ACTORLEARNER
+from procs import CHILD_ENV, WITHOUT_ACTORLEARNER, run_command
 
 # Reads the model's sidecar as a user in another language would, steps the model through the observations
 # in DATA (leaf inputs [T, E, ...] and "restart" [T, E]: envs whose episodes begin, their states zeroed) and
@@ -106,8 +106,8 @@ def greedy_actions(policy, observations: list, restart: np.ndarray) -> np.ndarra
 def test_the_cli_exports_a_dqn_policy_that_acts_greedily_without_actorlearner(tmp_path):
     run_dir = checkpointed(tmp_path / "run", "CartPole-v1")
     out = tmp_path / "exported" / "cartpole.onnx"
-    done = subprocess.run([sys.executable, "-m", "actorlearner", "export", "--checkpoint", str(run_dir),
-                           "--out", str(out), "--json"], capture_output=True, text=True, timeout=120, env=CHILD_ENV)
+    done = run_command([sys.executable, "-m", "actorlearner", "export", "--checkpoint", str(run_dir),
+                        "--out", str(out), "--json"], timeout=120, env=CHILD_ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     written = json.loads(done.stdout.strip().splitlines()[-1])
     assert written == {"onnx": str(out), "sidecar": f"{out}.json",
@@ -200,8 +200,8 @@ def test_an_algorithm_without_export_policy_is_refused_by_name(tmp_path):
     Learner(LearnerConfig(env="custom_envs:frozen_lake", algorithm="plugin_algorithm:TabularQ", eval_every=0,
                           replay_capacity=1000, checkpoint_dir=str(run_dir / "checkpoints"))).checkpoint()
     out = tmp_path / "tabq.onnx"
-    done = subprocess.run([sys.executable, "-m", "actorlearner", "export", "--checkpoint", str(run_dir),
-                           "--out", str(out)], capture_output=True, text=True, timeout=120, env=CHILD_ENV)
+    done = run_command([sys.executable, "-m", "actorlearner", "export", "--checkpoint", str(run_dir),
+                        "--out", str(out)], timeout=120, env=CHILD_ENV)
     assert done.returncode == 1
     assert ("algorithm plugin_algorithm:TabularQ has no export_policy; see docs/write-your-own-algorithm.md"
             in done.stderr), done.stderr[-2000:]

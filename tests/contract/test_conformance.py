@@ -16,11 +16,12 @@ import onnxruntime
 import pytest
 from conformance_actor import (
     Client, Player, Proto, QNet, Stream, apex_epsilon, decode, encode, field_specs, leaves, next_policy, poll,
-    start_learner, stop_learner,
 )
+from procs import start_learner, stop
 
-CARTPOLE = ["--env", "CartPole-v1", "--dqn-hidden-sizes", "32,32", "--replay-capacity", "5000", "--batch-size", "32",
-            "--publish-every", "2", "--actor-batch-size", "64", "--max-unacked", "3", "--rate-error-buffer", "5000"]
+CARTPOLE = ["--env", "CartPole-v1", "--eval-every", "0", "--dqn-hidden-sizes", "32,32", "--replay-capacity", "5000",
+            "--batch-size", "32", "--publish-every", "2", "--actor-batch-size", "64", "--max-unacked", "3",
+            "--rate-error-buffer", "5000"]
 MIN_REPLAY = 300  # the CartPole learner trains past this many transitions; the ONNX session alone sends fewer
 
 
@@ -36,7 +37,7 @@ def cartpole(proto):
     client = Client(proto, port)
     yield client
     client.close()
-    stop_learner(proc)
+    stop(proc)
 
 
 def hello(proto: Proto, spec, actor_id: str, policy_format: str = ""):
@@ -214,7 +215,7 @@ def test_the_documented_network_is_the_learners_on_dict_observations_and_branche
     with starts: the numpy network of docs/policy-network.md acts as the ONNX model of the same weights."""
     from custom_envs import goal_image
 
-    proc, port = start_learner("--env", "custom_envs:goal_image", "--dqn-hidden-sizes", "24,16")
+    proc, port = start_learner("--env", "custom_envs:goal_image", "--eval-every", "0", "--dqn-hidden-sizes", "24,16")
     client = Client(proto, port)
     try:
         spec = client.spec()
@@ -232,7 +233,7 @@ def test_the_documented_network_is_the_learners_on_dict_observations_and_branche
         same_greedy_actions(net, onnx_model(model), obs)
     finally:
         client.close()
-        stop_learner(proc)
+        stop(proc)
 
 
 def test_a_frame_stacked_session(proto):
@@ -241,8 +242,8 @@ def test_a_frame_stacked_session(proto):
     from custom_envs import moving_dot
 
     stack = 4
-    proc, port = start_learner("--env", "custom_envs:moving_dot", "--frame-stack", str(stack), "--no-dqn-dueling",
-                               "--dqn-hidden-sizes", "16", "--dqn-n-step", "2", "--actor-batch-size", "40",
+    proc, port = start_learner("--env", "custom_envs:moving_dot", "--eval-every", "0", "--frame-stack", str(stack),
+                               "--no-dqn-dueling", "--dqn-hidden-sizes", "16", "--dqn-n-step", "2", "--actor-batch-size", "40",
                                "--min-replay-size", "5000")
     client = Client(proto, port)
     try:
@@ -283,7 +284,7 @@ def test_a_frame_stacked_session(proto):
         stream.cancel()
     finally:
         client.close()
-        stop_learner(proc)
+        stop(proc)
 
 
 def test_a_learner_that_stops_sends_shutdown_then_ends_the_stream_with_ok(proto):
@@ -300,4 +301,4 @@ def test_a_learner_that_stops_sends_shutdown_then_ends_the_stream_with_ok(proto)
         assert code == grpc.StatusCode.OK, (code, details)
     finally:
         client.close()
-        stop_learner(proc)
+        stop(proc)

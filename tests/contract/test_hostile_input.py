@@ -25,7 +25,7 @@ import pytest
 from actorlearner import specs, wire
 from actorlearner.envs import make_env
 from actorlearner.v1 import learner_pb2 as pb
-from procs import CHILD_ENV, FAST_LEARNER, PACED_ENV, start_learner, status, stop, wait_until
+from procs import CHILD_ENV, FAST_LEARNER, PACED_ENV, launch, start_learner, status, stop, wait_until
 
 CONNECT = "/actorlearner.v1.Learner/Connect"
 MAX_MESSAGE = 1 << 20
@@ -60,10 +60,9 @@ def live(tmp_path_factory):
         "--publish-every", "10", "--actor-batch-size", "32")
     log = tmp_path_factory.mktemp("good-actor") / "stderr.log"
     with open(log, "w") as stderr:
-        actor = subprocess.Popen([sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
-                                  "--actor-id", GOOD, "--env", PACED_ENV, "--num-envs", "2",
-                                  "--vector-mode", "sync"],
-                                 stderr=stderr, env=CHILD_ENV)
+        actor = launch([sys.executable, "-m", "actorlearner", "actor", "--learner", f"127.0.0.1:{port}",
+                        "--actor-id", GOOD, "--env", PACED_ENV, "--num-envs", "2", "--vector-mode", "sync"],
+                       stderr=stderr, env=CHILD_ENV)
     try:
         wait_until(lambda: status(port).inserted >= 5, 90, "the good actor's first batches")
         yield Live(learner, port, actor, log)

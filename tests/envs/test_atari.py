@@ -4,7 +4,6 @@ emulator, training-only reward clipping and episodic life, and a real `run` + `e
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import cv2
@@ -18,7 +17,7 @@ from actorlearner.envs import make_env, make_vector_env
 from actorlearner.envs.atari import AtariOptions, make_atari, parse_name
 from actorlearner.networks import action_branches
 from actorlearner.trained import evaluate_trained, load_trained
-from procs import CHILD_ENV
+from procs import CHILD_ENV, run_command
 
 DETERMINISTIC = "ALE/Pong-v5?noop_max=0&repeat_action_probability=0"
 
@@ -172,13 +171,13 @@ def test_run_trains_on_pong_with_stacked_frames_and_eval_reports_the_game_score(
     """The run ends at its first evaluation: every Pong score reaches the target of -21, and evaluations begin
     once training has. (A fixed 10 s of run once ended with no batch sent, on a busy machine.)"""
     run_dir = tmp_path / "run"
-    done = subprocess.run(
+    done = run_command(
         [sys.executable, "-m", "actorlearner", "run", "--port", "0", "--vector-mode", "sync",
          "--env", "ALE/Pong-v5", "--frame-stack", "4", "--actors", "1",
          "--num-envs", "2", "--max-seconds", "240", "--target-return", "-21", "--min-replay-size", "200",
          "--replay-capacity", "2000", "--batch-size", "16", "--publish-every", "5", "--dqn-hidden-sizes", "64",
          "--eval-every", "3", "--eval-episodes", "1", "--eval-envs", "1", "--no-plot", "--run-dir", str(run_dir)],
-        capture_output=True, text=True, timeout=300, env=CHILD_ENV)
+        timeout=300, env=CHILD_ENV)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["solved"] and result["updates"] > 0 and result["env_steps"] > 200, (result, done.stderr[-3000:])
     assert result["eval_return"] is not None and -21 <= result["eval_return"] <= 21, result

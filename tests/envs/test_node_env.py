@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 import pytest
 from multiagent_envs import Duel
-from procs import started
+from procs import run_command, started
 from test_multiagent_env import play_both
 
 from actorlearner import specs
@@ -205,7 +205,7 @@ def test_training_run(port, stub, tmp_path):
                "--min-replay-size", "256", "--eval-every", "5", "--eval-episodes", "20", "--eval-envs", "2",
                "--replay-capacity", "20000", "--batch-size", "64", "--publish-every", "5",
                "--dqn-hidden-sizes", "64,64", "--device", "cpu", "--run-dir", str(tmp_path)]
-    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, timeout=360)  # ends when solved
+    done = run_command(command, timeout=360)  # ends when solved
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert lines, f"run printed no result (exit {done.returncode}): {done.stdout[-2000:]!r}"
     result = json.loads(lines[-1])

@@ -17,6 +17,7 @@ from gymnasium.utils.env_checker import check_env
 from procs import (
     CHILD_ENV,
     FAST_LEARNER,
+    launch,
     loads_torch,
     start_actor,
     start_env_server,
@@ -299,12 +300,11 @@ def test_run_trains_on_a_grpc_env(tmp_path):
     with open(tmp_path / "stderr.txt", "w") as stderr:
         # A sync-mode actor: the point is the env behind a server, not the vector mode (auto would spawn the
         # actor's env loop as a process of its own, one more torch start and busy core).
-        run = subprocess.Popen([sys.executable, "-m", "actorlearner", "run", "--port", "0", *FAST_LEARNER,
-                                "--env", f"grpc://127.0.0.1:{port}", "--actors", "1", "--num-envs", "2",
-                                "--vector-mode", "sync",
-                                "--max-seconds", "600", "--eval-every", "2", "--eval-episodes", "2", "--eval-envs", "2",
-                                "--no-plot", "--run-dir", str(tmp_path / "run")],
-                               stdout=subprocess.PIPE, stderr=stderr, text=True, env=CHILD_ENV)
+        run = launch([sys.executable, "-m", "actorlearner", "run", "--port", "0", *FAST_LEARNER,
+                      "--env", f"grpc://127.0.0.1:{port}", "--actors", "1", "--num-envs", "2", "--vector-mode", "sync",
+                      "--max-seconds", "600", "--eval-every", "2", "--eval-episodes", "2", "--eval-envs", "2",
+                      "--no-plot", "--run-dir", str(tmp_path / "run")],
+                     stdout=subprocess.PIPE, stderr=stderr, text=True, env=CHILD_ENV)
     try:
         learner_port = int(run.stdout.readline().rsplit(":", 1)[1])
         wait_until(lambda: status_if(learner_port, lambda s: s.updates > 0 and s.evaluations > 0), 120,

@@ -21,12 +21,11 @@ from actorlearner.curve import target_reached
 from actorlearner.envs import make_env
 from actorlearner.learner.learner import Learner
 from actorlearner.trained import evaluate_trained, load_trained
-from procs import CHILD_ENV, FAST_LEARNER
+from procs import CHILD_ENV, FAST_LEARNER, run_command
 
 
 def eval_json(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "actorlearner", "eval", *args], capture_output=True, text=True,
-                          timeout=120, env=CHILD_ENV)
+    return run_command([sys.executable, "-m", "actorlearner", "eval", *args], timeout=120, env=CHILD_ENV)
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +74,11 @@ def test_run_keeps_checkpoints_logs_and_a_learning_curve_in_its_run_directory(tm
     """The run ends at its second evaluation (every CartPole return passes 0; --target-holds 2), however busy
     the machine."""
     run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--port", "0", "--vector-mode", "sync",
-                           *FAST_LEARNER, "--actors", "1",
-                           "--num-envs", "2", "--max-seconds", "240", "--target-return", "0", "--target-holds", "2",
-                           "--eval-every", "3", "--eval-episodes", "2", "--eval-envs", "2", "--run-dir", str(run_dir)],
-                          capture_output=True, text=True, timeout=360, env=CHILD_ENV)  # past --max-seconds
+    done = run_command([sys.executable, "-m", "actorlearner", "run", "--port", "0", "--vector-mode", "sync",
+                        *FAST_LEARNER, "--actors", "1",
+                        "--num-envs", "2", "--max-seconds", "240", "--target-return", "0", "--target-holds", "2",
+                        "--eval-every", "3", "--eval-episodes", "2", "--eval-envs", "2", "--run-dir", str(run_dir)],
+                       timeout=360, env=CHILD_ENV)  # past --max-seconds
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["run_dir"] == str(run_dir) and result["curve"] == str(run_dir / "curve.png"), result
     assert result["solved"] and result["solved_at"]["seconds"] > result["first_hit"]["seconds"] > 0, result

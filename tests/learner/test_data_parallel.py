@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,8 +16,8 @@ from actorlearner.config import LearnerConfig
 from actorlearner.learner.distributed import World, choose_backend, local_device, resolve_world
 from actorlearner.learner.learner import Learner
 from actorlearner.trained import load_trained
-from procs import (CHILD_ENV, FAST_LEARNER, fork, free_port, listening_port, start_actor, start_rank, status, stop,
-                   wait_until)
+from procs import (CHILD_ENV, FAST_LEARNER, fork, free_port, listening_port, run_command, start_actor, start_rank,
+                   status, stop, wait_until)
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support", "data_parallel_worker.py")
 STEPS = 12  # two target syncs and two published versions (publish_every 5)
@@ -133,8 +132,8 @@ def test_the_world_comes_from_the_options_else_from_torchrun_and_kubernetes_vari
 
 
 def test_a_learner_with_a_rank_outside_its_world_exits_2_with_one_line():
-    done = subprocess.run([sys.executable, "-m", "actorlearner", "learner", "--world-size", "2", "--rank", "2",
-                           "--dist-address", "127.0.0.1:1"], capture_output=True, text=True, timeout=120, env=CHILD_ENV)
+    done = run_command([sys.executable, "-m", "actorlearner", "learner", "--world-size", "2", "--rank", "2",
+                        "--dist-address", "127.0.0.1:1"], timeout=120, env=CHILD_ENV)
     assert done.returncode == 2 and "cannot start the learner: rank must be in [0, 2), got 2" in done.stderr
     assert "Traceback" not in done.stderr
 
@@ -210,12 +209,10 @@ def test_a_killed_rank_fails_the_others_instead_of_leaving_them_waiting():
 
 
 def test_run_refuses_a_world_and_ignores_world_size_in_its_environment(tmp_path):
-    refused = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--port", "0",
-                              "--world-size", "2"], capture_output=True,
-                             text=True, timeout=120, env=CHILD_ENV)
+    refused = run_command([sys.executable, "-m", "actorlearner", "run", "--port", "0", "--world-size", "2"],
+                          timeout=120, env=CHILD_ENV)
     assert refused.returncode == 2 and "run trains one learner" in refused.stderr
-    done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--port", "0", "--vector-mode", "sync",
-                           "--max-seconds", "1", "--actors", "1",
-                           "--run-dir", str(tmp_path), "--no-plot"], capture_output=True, text=True, timeout=120,
-                          env={**CHILD_ENV, "WORLD_SIZE": "2", "RANK": "1"})
+    done = run_command([sys.executable, "-m", "actorlearner", "run", "--port", "0", "--vector-mode", "sync",
+                        "--max-seconds", "1", "--actors", "1", "--run-dir", str(tmp_path), "--no-plot"], timeout=120,
+                       env={**CHILD_ENV, "WORLD_SIZE": "2", "RANK": "1"})
     assert json.loads(done.stdout.strip().splitlines()[-1])["solved"] is False, done.stderr[-2000:]

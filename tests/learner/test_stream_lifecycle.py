@@ -16,7 +16,7 @@ import pytest
 from actorlearner.config import LearnerConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.server import serve
-from procs import alive, descendants, wait_until
+from procs import alive, descendants, launch, wait_until
 from streams import RawStream, batch, fill_limiter, hello
 
 STREAMS = 50
@@ -188,7 +188,7 @@ def test_train_step_hands_back_samples_it_could_not_draw():
 def test_sigterm_with_a_batch_waiting_sends_shutdown_and_ends_ok(tmp_path):
     """A draining learner drops a batch it has not stored (the actor resends it) and says Shutdown, not an error."""
     log = tmp_path / "learner.log"
-    learner = subprocess.Popen(
+    learner = launch(
         [sys.executable, "-m", "actorlearner", "learner", "--port", "0", "--eval-every", "0", "--max-updates", "1",
          "--min-replay-size", "64", "--batch-size", "32", "--samples-per-insert", "1", "--rate-error-buffer", "64"],
         stdout=subprocess.PIPE, stderr=log.open("w"), text=True)  # one update, then inserts wait: a full limiter
@@ -221,8 +221,8 @@ def test_sigterm_with_a_batch_waiting_sends_shutdown_and_ends_ok(tmp_path):
 def test_after_shutdown_the_learner_ends_each_stream_with_ok_whether_or_not_the_actor_ends_it(tmp_path):
     """The proto's step 7: Shutdown, then OK, both for an actor that half-closes on the Shutdown and for one
     that only reads and waits for the learner to end the stream (the server's own grace outlasts the wait)."""
-    learner = subprocess.Popen([sys.executable, "-m", "actorlearner", "learner", "--port", "0", "--eval-every", "0"],
-                               stdout=subprocess.PIPE, stderr=(tmp_path / "learner.log").open("w"), text=True)
+    learner = launch([sys.executable, "-m", "actorlearner", "learner", "--port", "0", "--eval-every", "0"],
+                     stdout=subprocess.PIPE, stderr=(tmp_path / "learner.log").open("w"), text=True)
     try:
         port = int(learner.stdout.readline().rsplit(":", 1)[1])
         polite, waiting = (RawStream(f"127.0.0.1:{port}", hello(name)) for name in ("polite", "waiting"))

@@ -8,11 +8,7 @@ the "dqn" network is numpy following docs/policy-network.md.
 from __future__ import annotations
 
 import collections
-import os
 import queue
-import re
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -52,31 +48,7 @@ class Proto:
         return self.pool.FindEnumTypeByName(f"{PACKAGE}.{enum}").values_by_name[name].number
 
 
-# ---------------------------------------------------------------- the learner process and its calls
-
-def start_learner(*args: str) -> tuple[subprocess.Popen, int]:
-    """``actorlearner learner`` on 127.0.0.1, port 0; returns the process and the port its first line names.
-    The tests' support folder is on PYTHONPATH so that ``--env custom_envs:NAME`` resolves."""
-    path = os.pathsep.join(filter(None, [str(ROOT / "tests" / "support"), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": path}
-    proc = subprocess.Popen([sys.executable, "-m", "actorlearner", "learner", "--host", "127.0.0.1", "--port", "0",
-                             "--eval-every", "0", *args], stdout=subprocess.PIPE, text=True, env=env)
-    line = proc.stdout.readline()
-    match = re.search(r"listening on [\d.]+:(\d+)", line)
-    if not match:
-        proc.kill()
-        raise RuntimeError(f"the learner did not say its port: {line!r}")
-    return proc, int(match.group(1))
-
-
-def stop_learner(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
+# ---------------------------------------------------------------- calls to the learner
 
 def poll(predicate, timeout: float, what: str):
     """``predicate()`` once truthy; AssertionError naming ``what`` past ``timeout`` seconds."""

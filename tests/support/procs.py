@@ -46,20 +46,34 @@ CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.d
                                                                       os.environ.get("PYTHONPATH")]))}
 
 
-FORKED = ("learner", "actor")
-"""The commands `launch` forks from the zygote (zygote.py): those that import torch. The env server is left to
-start as a user starts it (it must not load torch), as is every command a test starts by `subprocess` itself."""
+FORKED = ("learner", "actor", "run", "eval", "export")
+"""The commands `launch` and `run_command` fork from the zygote (zygote.py): those that import torch. The env
+server is left to start as a user starts it (it must not load torch), as is every command a test starts by
+`subprocess` itself (a test of the executable's own start or exit)."""
 _zygote: Zygote | None = None
 
 
 def launch(command: list[str], **popen) -> subprocess.Popen | ForkedProcess:
-    """``command`` (``sys.executable -m actorlearner ...``) as a process: an `actorlearner learner` or `actor`
+    """``command`` (``sys.executable -m actorlearner ...``) as a process: a command of `FORKED`
     forked from this pytest process's zygote when asked from the main thread (the zygote must end with this
     process, and the kernel ties it to the thread that started it), any other with `subprocess.Popen`."""
     if command[1:3] != ["-m", "actorlearner"] or command[3] not in FORKED or \
             threading.current_thread() is not threading.main_thread():
         return subprocess.Popen(command, **popen)
     return fork(command, None, **popen)
+
+
+def run_command(command: list[str], timeout: float, **popen) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, capture_output=True, text=True, timeout=timeout)`` through `launch`: an
+    ``actorlearner`` command that imports torch forked from the zygote; killed past ``timeout``."""
+    proc = launch(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
 def fork(args: list[str], call: tuple[str, str, list] | None, **popen) -> ForkedProcess:
@@ -70,7 +84,7 @@ def fork(args: list[str], call: tuple[str, str, list] | None, **popen) -> Forked
     if _zygote is None:
         assert threading.current_thread() is threading.main_thread(), "the zygote starts from the main thread"
         _zygote = Zygote(CHILD_ENV)
-    return ForkedProcess(_zygote, args, popen.get("env", os.environ), stdout=popen.get("stdout"),
+    return ForkedProcess(_zygote, args, dict(popen.get("env", os.environ)), stdout=popen.get("stdout"),
                          stderr=popen.get("stderr"), text=popen.get("text", False), call=call)
 
 

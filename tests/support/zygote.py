@@ -124,10 +124,21 @@ class ForkedProcess:
         return self.returncode
 
     def communicate(self, timeout: float | None = None):
-        out = self.stdout.read() if self.stdout else None
-        err = self.stderr.read() if self.stderr else None
-        self.wait(timeout)
-        return out, err
+        """(stdout, stderr), each read to its end while the other is (a child filling one pipe while the test
+        waits on the other would stall), then the exit; `subprocess.TimeoutExpired` past ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pipes = [pipe for pipe in (self.stdout, self.stderr) if pipe]
+        read: dict = {}
+        readers = [threading.Thread(target=lambda pipe=pipe: read.update({pipe: pipe.read()}), daemon=True)
+                   for pipe in pipes]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return read.get(self.stdout), read.get(self.stderr)
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:

@@ -15,8 +15,8 @@ from actorlearner.league import SELF
 from actorlearner.v1 import learner_pb2 as pb
 from custom_envs import GOAL_IMAGE_OPTIMAL_RETURN, GOAL_IMAGE_RANDOM_RETURN
 from multiagent_envs import HEURISTIC, RANDOM, TICTACTOE
-from procs import (CHILD_ENV, free_port, listening_port, start_actor, start_learner, start_rank, start_relay, status,
-                   stop, wait_until)
+from procs import (CHILD_ENV, free_port, listening_port, run_command, start_actor, start_learner, start_rank, start_relay,
+                   status, stop, wait_until)
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +34,9 @@ def run(target: float, seconds: float, *args: str) -> tuple[dict, subprocess.Com
     """``actorlearner run`` (its defaults, two actor processes, unless ``args`` say otherwise) until the
     evaluated return reaches ``target`` or ``seconds`` pass: its result line, and the finished process."""
     with tempfile.TemporaryDirectory() as run_dir:
-        done = subprocess.run([sys.executable, "-m", "actorlearner", "run", "--port", "0", "--seed", "0",
-                               "--target-return", str(target), "--max-seconds", str(seconds), "--run-dir", run_dir,
-                               "--no-plot", *args], capture_output=True, text=True, timeout=seconds + 120, env=CHILD_ENV)
+        done = run_command([sys.executable, "-m", "actorlearner", "run", "--port", "0", "--seed", "0",
+                            "--target-return", str(target), "--max-seconds", str(seconds), "--run-dir", run_dir,
+                            "--no-plot", *args], timeout=seconds + 120, env=CHILD_ENV)
     lines = done.stdout.strip().splitlines()
     assert lines, f"run printed no result (exit {done.returncode}):\n{done.stderr[-3000:]}"
     return json.loads(lines[-1]), done
@@ -194,15 +194,13 @@ def test_self_play_learns_tic_tac_toe_that_beats_random_play_and_holds_the_heuri
     finally:
         codes = stop(*actors, learner)
     assert codes == [0, 0, 0]
-    played = subprocess.run([sys.executable, "-m", "actorlearner", "eval", "--checkpoint", str(tmp_path / "ckpt"),
-                             "--opponents", f"{RANDOM},{HEURISTIC}", "--episodes", "40", "--json"],
-                            capture_output=True, text=True, timeout=300, env=CHILD_ENV)
+    played = run_command([sys.executable, "-m", "actorlearner", "eval", "--checkpoint", str(tmp_path / "ckpt"),
+                          "--opponents", f"{RANDOM},{HEURISTIC}", "--episodes", "40", "--json"], timeout=300, env=CHILD_ENV)
     assert played.returncode == 0, played.stderr[-2000:]
     records = json.loads(played.stdout)["opponents"]
     assert [sum(records[name][k] for k in ("wins", "draws", "losses")) for name in (RANDOM, HEURISTIC)] == [40, 40]
-    exported = subprocess.run([sys.executable, "-m", "actorlearner", "export", "--checkpoint", str(tmp_path / "ckpt"),
-                               "--out", str(tmp_path / "ttt.onnx"), "--json"],
-                              capture_output=True, text=True, timeout=300, env=CHILD_ENV)
+    exported = run_command([sys.executable, "-m", "actorlearner", "export", "--checkpoint", str(tmp_path / "ckpt"),
+                            "--out", str(tmp_path / "ttt.onnx"), "--json"], timeout=300, env=CHILD_ENV)
     assert exported.returncode == 0, exported.stderr[-2000:]
     assert json.loads(exported.stdout)["verified"]
 
