@@ -93,7 +93,7 @@ class Learner:
         algorithm_class = self.algorithm_class = resolve(config.algorithm)
         self.algorithm_config = make_config(algorithm_class, config.algorithm_config)
         algorithm_spec = algorithm_class(self.observation_space, self.action_space, self.algorithm_config)
-        self.algorithm = algorithm_spec.make_trainer(device=self.device, seed=config.seed)
+        self.trainer = algorithm_spec.make_trainer(device=self.device, seed=config.seed)
         self.fields = stored = algorithm_spec.transition_fields()  # what batches hold, and the replay
         self.frame_layout = None
         if frame_stack:  # batches hold frame indices and the frames, the replay frame keys
@@ -129,7 +129,7 @@ class Learner:
         self.publishing = Publishing(self.broadcast, self.onnx_feed, self.roles)
         self.data_parallel = join_world(self.world, self.device, config.dist_timeout)
         self.checkpoints = Checkpointing(config, self.data_parallel, self.run_record)
-        self.training = TrainingLoop(config, self.algorithm, self.replay, self.publishing, self.data_parallel,
+        self.training = TrainingLoop(config, self.trainer, self.replay, self.publishing, self.data_parallel,
                                      self.progress, self.stopping)
         self.failed = self.training.failed  # training raised: the process should drain and exit non-zero
         self.ingestion = Ingest(config, self.fields, self.replay, self.exactly_once, self.roles, self.progress)
@@ -145,9 +145,9 @@ class Learner:
                                       "league settings", repr(
             (self.env_spec.SerializeToString(deterministic=True), config.algorithm, config_json(self.algorithm_config),
              config.batch_size, config.publish_every, config.max_updates, config.league)))
-        self.data_parallel.average_gradients(self.algorithm)
+        self.data_parallel.average_gradients(self.trainer)
         self._restore()
-        self.data_parallel.broadcast_state(self.algorithm)
+        self.data_parallel.broadcast_state(self.trainer)
         self.training.publish()
         self.publishing.flush()
 
@@ -267,7 +267,7 @@ class Learner:
             snapshot = self.replay.snapshot()
             league = self.roles.state()
         try:
-            parts = {"algorithm": self.algorithm.state_dict(), "learner": learner_state,
+            parts = {"algorithm": self.trainer.state_dict(), "learner": learner_state,
                      "rng": rng_state(self.device)}
             if snapshot is not None:
                 parts["replay"] = snapshot.state()
@@ -291,7 +291,7 @@ class Learner:
                 self.set_parameters([(str(k), str(v)) for k, v in state["parameters"].items()], restored=True)
             except ParameterError as exc:
                 logger.warning("checkpoint %d: runtime parameters %s not restored: %s", step, state["parameters"], exc)
-        self.algorithm.load_state_dict(parts["algorithm"])
+        self.trainer.load_state_dict(parts["algorithm"])
         self.replay.load_state(state, parts.get("replay"))
         self.exactly_once.load_state(state)
         self.progress.load_state(state)

@@ -63,7 +63,7 @@ def checkpointed(run_dir: Path, env: str, algorithm: str = "dqn", config=None) -
     learner = Learner(LearnerConfig(env=env, algorithm=algorithm, algorithm_config=config, eval_every=0,
                                     replay_capacity=1000, checkpoint_replay=False,
                                     checkpoint_dir=str(run_dir / "checkpoints")))
-    network = learner.algorithm.actor if hasattr(learner.algorithm, "actor") else learner.algorithm.online
+    network = learner.trainer.actor if hasattr(learner.trainer, "actor") else learner.trainer.online
     generator = torch.Generator().manual_seed(8)
     with torch.no_grad():
         for param in network.parameters():

@@ -63,8 +63,8 @@ def onnx_actions(tmp_path, model: bytes, observations: np.ndarray) -> np.ndarray
 
 def learner_policy(learner: Learner):
     """A policy acting with the learner's current weights."""
-    policy = learner.algorithm.spec.make_policy()
-    policy.load_policy_state_dict(learner.algorithm.policy_state_dict())
+    policy = learner.trainer.spec.make_policy()
+    policy.load_policy_state_dict(learner.trainer.policy_state_dict())
     return policy
 
 
@@ -72,7 +72,7 @@ def scramble(learner: Learner, seed: int) -> None:
     """Large random weights and a new published version, so that greedy actions vary with the observation."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for param in learner.algorithm.online.parameters():
+        for param in learner.trainer.online.parameters():
             param.copy_(torch.randn(param.shape, generator=generator) * 2 / max(param[0].numel(), 1) ** 0.5)
     learner.progress.version += 1
     learner.training.publish(); learner.publishing.flush()

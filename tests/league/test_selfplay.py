@@ -240,7 +240,7 @@ def test_a_self_play_session_gets_league_settings_snapshot_weights_and_the_menu(
             updates.append(message.policy_update)
     assert [(u.opponent, u.version) for u in updates] == [("v2", 2), ("v4", 4)]
     snapshot = wire.decode_state_dict(updates[1].payload)
-    own = learner.algorithm.policy_state_dict()
+    own = learner.trainer.policy_state_dict()
     assert all(torch.equal(snapshot[k], own[k]) for k in own)
     menu = wait_until(lambda: next((m.league for m in stream.messages() if m.WhichOneof("kind") == "league"
                                     and len(m.league.opponents) == 4), None), 30, "the menu with both snapshots")

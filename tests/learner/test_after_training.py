@@ -44,8 +44,8 @@ def test_the_loaded_policy_acts_as_the_learner_s_own(checkpointed):
     env = make_env("CartPole-v1")
     obs = np.stack([env.observation_space.sample() for _ in range(64)])
     env.close()
-    own = learner.algorithm.spec.make_policy()  # acting with the learner's own weights
-    own.load_policy_state_dict(learner.algorithm.policy_state_dict())
+    own = learner.trainer.spec.make_policy()  # acting with the learner's own weights
+    own.load_policy_state_dict(learner.trainer.policy_state_dict())
     np.testing.assert_array_equal(trained.policy.act(obs, 0.0), own.act(obs, 0.0))
 
 

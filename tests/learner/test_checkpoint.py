@@ -365,7 +365,7 @@ def ingest(learner: Learner, actor_id: str, seq: int, n: int = 32) -> bool:
     """Insert one batch of random transitions in the learner's item layout as ``actor_id``'s ``seq``."""
     rng = np.random.default_rng(seq)
     fields = {}
-    for name, (shape, dtype) in learner.algorithm.spec.transition_fields().items():
+    for name, (shape, dtype) in learner.trainer.spec.transition_fields().items():
         values = rng.uniform(-1, 1, (n, *shape))
         fields[name] = (values if dtype.is_floating_point else values > 0).astype(wire.np_dtype(dtype))
     fields.update(reward=np.ones_like(fields["reward"]), discount=np.full_like(fields["discount"], 0.97))
@@ -407,7 +407,7 @@ def test_a_resumed_learner_continues_exactly_where_the_checkpoint_was(tmp_path, 
     assert torch.get_rng_state().shape[0] > 0
     want_sample = first.replay.buffer.sample(32)
     assert first.training.train_step()
-    want_params = {k: v.clone() for k, v in first.algorithm.state_dict().items() if isinstance(v, torch.Tensor)}
+    want_params = {k: v.clone() for k, v in first.trainer.state_dict().items() if isinstance(v, torch.Tensor)}
 
     torch.manual_seed(12345)  # a fresh process would not share the first learner's generator state
     resumed = Learner(config)
@@ -418,7 +418,7 @@ def test_a_resumed_learner_continues_exactly_where_the_checkpoint_was(tmp_path, 
     assert torch.equal(got_sample.indices, want_sample.indices)  # same generator state, priorities and beta
     assert torch.equal(got_sample.weights, want_sample.weights)
     assert resumed.training.train_step()
-    for key, value in resumed.algorithm.state_dict().items():
+    for key, value in resumed.trainer.state_dict().items():
         if isinstance(value, torch.Tensor):
             assert torch.equal(value, want_params[key]), key
     assert resumed.replay.limiter.state_dict() == first.replay.limiter.state_dict()

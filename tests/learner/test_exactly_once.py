@@ -118,5 +118,5 @@ def test_the_learners_own_network_goes_out_in_chunks_and_loads_on_an_actor(algor
     actor_side = make_spec(algorithm, learner.observation_space, learner.action_space,
                            learner.algorithm_config).make_policy()
     actor_side.load_policy_state_dict(got.state)
-    for name, tensor in learner.algorithm.policy_state_dict().items():
+    for name, tensor in learner.trainer.policy_state_dict().items():
         assert torch.equal(actor_side.policy_state_dict()[name], tensor), name

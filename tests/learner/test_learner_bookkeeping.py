@@ -94,7 +94,7 @@ def test_algorithm_device_and_seed_are_the_learners_not_options():
     assert not flags & {"--dqn-device", "--dqn-seed"}
     learner = Learner(cfg.build(cfg.LearnerConfig, environ={"ACTORLEARNER_SEED": "7", "ACTORLEARNER_DEVICE": "cpu"},
                                 algorithm=dqn))
-    assert learner.algorithm.device == torch.device("cpu")
+    assert learner.trainer.device == torch.device("cpu")
     seeded = make_spec("dqn", learner.observation_space, learner.action_space).make_policy(seed=7)
     for name, value in seeded.policy_state_dict().items():
-        torch.testing.assert_close(learner.algorithm.policy_state_dict()[name], value)
+        torch.testing.assert_close(learner.trainer.policy_state_dict()[name], value)

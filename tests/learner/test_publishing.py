@@ -161,7 +161,7 @@ def test_the_learner_publishes_from_its_training_loop_without_waiting_and_at_onc
                                     batch_size=32, eval_every=0, algorithm_config=DQNConfig(hidden_sizes=(16,))))
     try:
         assert learner.broadcast.version == 0  # the start-up publish is out when the learner is built
-        with HostTraffic(learner.algorithm) as traffic:  # publishing touches the trainer's tensors only
+        with HostTraffic(learner.trainer) as traffic:  # publishing touches the trainer's tensors only
             for _ in range(3):
                 learner.progress.version += 1
                 learner.training.publish()
@@ -172,7 +172,7 @@ def test_the_learner_publishes_from_its_training_loop_without_waiting_and_at_onc
         learner.training.publish(); learner.publishing.flush()
         assert learner.broadcast.version == 4
         got = wire.decode_state_dict(learner.broadcast.payload)
-        for name, value in learner.algorithm.policy_state_dict().items():
+        for name, value in learner.trainer.policy_state_dict().items():
             assert torch.equal(got[name], value), name
     finally:
         learner.stop()

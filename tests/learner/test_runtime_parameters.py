@@ -50,8 +50,8 @@ def set_in_process(port: int, *assignments: str, capsys) -> tuple[int, str]:
 
 def tunable_state(learner: Learner) -> tuple:
     """Everything a SetParameters request may change (a tensor lr, as on CUDA, read as its value)."""
-    return (learner.config, learner.algorithm_config, learner.algorithm.config,
-            [float(g["lr"]) for g in learner.algorithm.optimizer.param_groups], learner.replay.limiter.samples_per_insert,
+    return (learner.config, learner.algorithm_config, learner.trainer.config,
+            [float(g["lr"]) for g in learner.trainer.optimizer.param_groups], learner.replay.limiter.samples_per_insert,
             learner.replay.limiter.diff, learner.replay.buffer.alpha, learner.replay.buffer.beta0, dict(learner.changed_parameters),
             learner.settings_version, learner.spec().algorithm_config)
 
@@ -73,7 +73,7 @@ def test_set_changes_lr_and_epsilon_on_a_running_learner_and_its_actor_and_they_
             assert done.returncode == 0, done.stderr[-2000:]
             assert "dqn-lr: 0.0005 -> 0.0001" in done.stdout and "dqn-epsilon-base: 0.4 -> 0.05" in done.stdout
 
-            assert [g["lr"] for g in learner.algorithm.optimizer.param_groups] == [1e-4]
+            assert [g["lr"] for g in learner.trainer.optimizer.param_groups] == [1e-4]
             assert learner.replay.limiter.samples_per_insert == 4.0
             wait_until(lambda: actor.exploration == pytest.approx(0.05), 60, "the actor's new epsilon")
             # Only runtime options changed: the same stream, network, weights and n-step episodes.
@@ -100,8 +100,8 @@ def test_set_changes_lr_and_epsilon_on_a_running_learner_and_its_actor_and_they_
     assert any(tag.startswith("runtime_parameters") for tag in tags), tags
 
     resumed = Learner(learner_config(tmp_path))  # started with the original flags: the changes win
-    assert [g["lr"] for g in resumed.algorithm.optimizer.param_groups] == [1e-4]
-    assert resumed.algorithm.config.epsilon_base == 0.05 and resumed.replay.limiter.samples_per_insert == 4.0
+    assert [g["lr"] for g in resumed.trainer.optimizer.param_groups] == [1e-4]
+    assert resumed.trainer.config.epsilon_base == 0.05 and resumed.replay.limiter.samples_per_insert == 4.0
     assert resumed.changed_parameters == {"dqn-lr": "0.0001", "dqn-epsilon-base": "0.05", "samples-per-insert": "4.0"}
     assert '"epsilon_base": 0.05' in resumed.spec().algorithm_config
     assert resumed.replay.limiter.diff == pytest.approx(learner.replay.limiter.diff
@@ -142,7 +142,7 @@ def test_learner_side_parameters_take_effect_at_once(tmp_path):
         ("dqn-target-update-period", "250", "7")]
     assert (learner.replay.buffer.alpha, learner.replay.buffer.beta0) == (0.3, 0.7)
     assert (learner.config.publish_every, learner.config.max_policy_lag) == (3, 4)
-    assert learner.algorithm.config.target_update_period == 7
+    assert learner.trainer.config.target_update_period == 7
     with pytest.raises(ParameterError):
         learner.set_parameters([])
     learner.stop()

@@ -156,7 +156,7 @@ def test_a_failure_in_training_stops_the_learner_loudly_instead_of_serving_untra
     def update(sample):
         raise RuntimeError("CUDA out of memory (injected)")
 
-    learner.algorithm.update = update  # fault injection, as above
+    learner.trainer.update = update  # fault injection, as above
     stream = learner.connect(hello("feeder").hello)
     assert learner.ingest(stream, batch(1, n=64).batch)
     with caplog.at_level(logging.ERROR):

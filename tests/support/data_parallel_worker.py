@@ -68,7 +68,7 @@ def main(rank: int, world: int, address: str, checkpoint_dir: str, steps: int, o
                            world_size=world, rank=rank, dist_address=address, dist_timeout=120,
                            **SETTINGS[algorithm])
     learner = Learner(config)
-    result = {"restored": {"algorithm": digest(learner.algorithm.state_dict()), "updates": learner.updates,
+    result = {"restored": {"algorithm": digest(learner.trainer.state_dict()), "updates": learner.updates,
                            "version": learner.version, **shard(learner)}}
     first = learner.replay.exactly_once.seq_table.get(f"rank-{rank}", 0)
     for seq in range(first + 1, first + 5):
@@ -77,10 +77,10 @@ def main(rank: int, world: int, address: str, checkpoint_dir: str, steps: int, o
     for _ in range(steps):
         assert learner.training.train_step()
         learner.publishing.flush()  # a version this step published is out
-        result["steps"].append({"algorithm": digest(learner.algorithm.state_dict()), "version": learner.version,
+        result["steps"].append({"algorithm": digest(learner.trainer.state_dict()), "version": learner.version,
                                 "updates": learner.updates, "policy": hashlib.sha256(learner.broadcast.payload).hexdigest()})
     learner.checkpoint()
-    result["saved"] = {"algorithm": digest(learner.algorithm.state_dict()), "updates": learner.updates,
+    result["saved"] = {"algorithm": digest(learner.trainer.state_dict()), "updates": learner.updates,
                        "version": learner.version, **shard(learner)}
     try:
         learner.set_parameters([(f"{algorithm}-lr", "1e-4"), ("samples-per-insert", "4")])
