@@ -21,6 +21,11 @@ AUTO, NONE = "auto", "none"
 # values states over 50 steps, not 100). Each measured over seeds with bench_classic.py.
 _CLASSIC_DQN = {"dqn-lr": 2e-3, "eval-every": 5.0}
 
+# CartPole also with 16 samples per inserted transition instead of 8: on two cores the actors then take less of
+# the CPU the learner needs: about 1.2x the updates a second, and a few fewer of them solve it.
+# Over 6 seeds the held solve came in a median 45 s instead of 55 s, the slowest seed in 59 s instead of 60 s.
+_CARTPOLE_DQN = {**_CLASSIC_DQN, "samples-per-insert": 16.0}
+
 # MinAtar's games (10x10 grids of a few bool channels): the paper's network, one conv layer then one 128-unit
 # layer, instead of the default's two (the Breakout curves in RESULTS were measured with it).
 _MINATAR_DQN = {"dqn-hidden-sizes": (128,)}
@@ -37,7 +42,7 @@ _PENDULUM_SAC = {"sac-hidden-sizes": (64, 64)}
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "dqn": {
-        "CartPole-v1": _CLASSIC_DQN,
+        "CartPole-v1": _CARTPOLE_DQN,
         "Acrobot-v1": _CLASSIC_DQN,
         "LunarLander-v3": _CLASSIC_DQN,
         "MountainCar-v0": {**_CLASSIC_DQN, "dqn-gamma": 0.98},
