@@ -5,7 +5,7 @@ thing wrong). The allowed outcomes are a result that honours the caps, or the pr
 typed error: ``wire.WireError`` (or ``ValueError`` where a function documents it). A crash
 of any other type, or an allocation beyond the caps, is a bug. The last tests feed
 whole ActorMessages to a real :class:`Learner` and whole EnvRequests to a real env
-session, as the servers do. About 13,000 examples in all (``max_examples`` per test).
+session, as the servers do. About 7,000 examples in all (``max_examples`` per test).
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def check_batch(out: dict[str, np.ndarray], n: int, cap: int = CAP, spec=SPEC) -
 # --------------------------------------------------------------------------- wire: arrays
 
 
-@fuzz(1500)
+@fuzz(750)
 @given(array_maps() | st.tuples(msgpack_values, st.just(False)), st.booleans(),
        st.sampled_from([bytes, bytearray, memoryview]))
 def test_decode_array(case, writable, buffer_type):
@@ -186,7 +186,7 @@ def test_decode_array(case, writable, buffer_type):
 # --------------------------------------------------------------------------- wire: batches
 
 
-@fuzz(1000)
+@fuzz(500)
 @given(st.binary(max_size=512), st.sampled_from([0, 1, 2, 3, -1, "msgpack+zlib", "gzip"]), st.integers(-1, 5))
 def test_decode_batch_arbitrary_bytes(payload, codec, n):
     out = typed(wire.decode_batch, payload, codec, SPEC, n, CAP)
@@ -194,7 +194,7 @@ def test_decode_batch_arbitrary_bytes(payload, codec, n):
         check_batch(out, n)
 
 
-@fuzz(1500)
+@fuzz(750)
 @given(batch_payloads(), st.booleans())
 def test_decode_batch_near_misses(case, writable):
     payload, codec, n, intact = case
@@ -229,7 +229,7 @@ def amplifiers(k: int) -> list[bytes]:
     ]
 
 
-@fuzz(300)
+@fuzz(150)
 @given(st.integers(1, 60_000), st.integers(0, 6), st.sampled_from([Codec.MSGPACK, Codec.MSGPACK_ZLIB]))
 @example(60_000, 0, Codec.MSGPACK).via("an array of empty maps: ~80 bytes each, from 1 byte")
 @example(60_000, 1, Codec.MSGPACK_ZLIB).via("the same with arrays, compressed")
@@ -253,7 +253,7 @@ def test_decode_batch_memory_stays_near_the_cap(k, which, codec):
     assert peak <= 4 * cap + 64 * 1024, f"decoding {len(payload)} bytes allocated {peak} bytes"
 
 
-@fuzz(300)
+@fuzz(150)
 @given(st.integers(1, 4 << 20), st.sampled_from([b"\x00", b"\x80", b"\xc0", b"\xff"]))
 def test_zlib_bombs_stop_at_the_cap(size, byte):
     bomb = zlib.compress(byte * size, 9)
@@ -268,7 +268,7 @@ def test_zlib_bombs_stop_at_the_cap(size, byte):
     assert peak <= 4 * CAP + 64 * 1024
 
 
-@fuzz(600)
+@fuzz(300)
 @given(st.lists(st.floats(width=32), max_size=6), st.integers(0, 6))
 def test_decode_priorities(values, n):
     message = learner_pb2.TrajectoryBatch(priorities=values, num_transitions=n)
@@ -279,7 +279,7 @@ def test_decode_priorities(values, n):
     assert np.isfinite(out).all() and (out >= 0).all()
 
 
-@fuzz(400)
+@fuzz(200)
 @given(st.integers() | st.text(max_size=16) | st.floats() | st.none() | st.binary(max_size=4)
        | st.sampled_from(["msgpack", "MSGPACK_ZLIB", "codec_msgpack", "msgpack+zlib", " msgpack "]))
 def test_codec_parse(value):
@@ -315,7 +315,7 @@ def state_payloads(draw) -> tuple[bytes, bool]:
     return msgpack.packb(params, use_bin_type=True), intact
 
 
-@fuzz(800)
+@fuzz(400)
 @given(state_payloads(), st.booleans())
 def test_decode_state_dict(case, with_expected):
     payload, intact = case
@@ -337,7 +337,7 @@ chunks = st.tuples(st.integers(-3, 4) | int64s, st.integers(-1, 4) | st.integers
                    st.binary(max_size=12))
 
 
-@fuzz(800)
+@fuzz(400)
 @given(st.lists(chunks | st.tuples(st.just("whole"), st.binary(max_size=40), st.integers(1, 16)), max_size=10))
 def test_chunk_assembler(steps):
     """Garbage chunks raise WireError; a whole version sent in order after them still comes out intact."""
@@ -434,7 +434,7 @@ def nested_spaces(depth: int) -> env_pb2.Space:
     return space
 
 
-@fuzz(1000)
+@fuzz(500)
 @given(space_messages | st.integers(MAX_DEPTH - 1, MAX_DEPTH + 3).map(nested_spaces)
        | st.binary(max_size=128).map(lambda b: typed(env_pb2.Space.FromString, b, allowed=(Exception,))))
 def test_space_from_proto(message):
@@ -462,7 +462,7 @@ CARTPOLE_SPEC = specs.env_spec("CartPole-v1", _cartpole.observation_space, _cart
 _cartpole.close()
 
 
-@fuzz(800)
+@fuzz(400)
 @given(env_specs() | st.binary(max_size=96).map(lambda b: typed(learner_pb2.EnvSpec.FromString, b, allowed=(Exception,)))
        | st.just(CARTPOLE_SPEC))
 def test_env_spec_decoders(spec):
@@ -522,7 +522,7 @@ def arrays_in(value) -> list[np.ndarray]:
     return [np.asarray(value)] if isinstance(value, (np.ndarray, np.generic)) else []
 
 
-@fuzz(1500)
+@fuzz(750)
 @given(value_messages | st.integers(MAX_DEPTH - 1, MAX_DEPTH + 3).map(nested_values)
        | st.binary(max_size=128).map(lambda b: typed(env_pb2.Value.FromString, b, allowed=(Exception,))),
        st.sampled_from(VALUE_SPACES))
@@ -567,7 +567,7 @@ def variant(draw, raw: bytes, max_random: int = 64) -> bytes:
     return bytes(raw)
 
 
-@fuzz(1000)
+@fuzz(500)
 @given(st.sampled_from(range(len(STEP_SPACES))), st.data())
 def test_step_format(which, data):
     """Canonical step bytes, a few bits off or not: a value in the space, or None; never an exception."""
@@ -655,14 +655,14 @@ def answer_all(env_session: EnvSession, requests: list[bytes]) -> None:
     assert reset.WhichOneof("kind") == "reset", "the session did not survive the requests before"
 
 
-@fuzz(700)
+@fuzz(350)
 @given(st.data())
 def test_env_session_cartpole(data):
     first = [VALID_RESET] if data.draw(st.booleans()) else []
     check_session("CartPole-v1", first + data.draw(st.lists(env_requests("CartPole-v1"), max_size=6)))
 
 
-@fuzz(500)
+@fuzz(250)
 @given(st.data())
 def test_env_session_dict_spaces(data):
     first = [VALID_RESET] if data.draw(st.booleans()) else []
@@ -723,7 +723,7 @@ def actor_messages(draw) -> bytes:
     return draw(st.binary(max_size=96))
 
 
-@fuzz(1500)
+@fuzz(750)
 @given(actor_messages())
 def test_actor_messages_through_the_learner(raw):
     """What LearnerService does with one message: parse, then Hello check / ingest / stats."""
