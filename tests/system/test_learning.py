@@ -134,7 +134,7 @@ def test_two_data_parallel_learners_with_an_actor_each_learn_cartpole():
     RESULTS.md has the data-parallel runs to 475); each rank's updates per second are logged."""
     budget = 600
     address = f"127.0.0.1:{free_port()}"
-    learners = [start_rank(rank, address, "--num-actors", "1", "--eval-every", "0" if rank else "10") for rank in (0, 1)]
+    learners = [start_rank(rank, address, "--num-actors", "1", "--eval-every", "0" if rank else "3") for rank in (0, 1)]
     actors = []
     try:
         ports = [listening_port(proc) for proc in learners]
