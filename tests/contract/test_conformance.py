@@ -243,8 +243,8 @@ def test_a_frame_stacked_session(proto):
 
     stack = 4
     proc, port = start_learner("--env", "custom_envs:moving_dot", "--eval-every", "0", "--frame-stack", str(stack),
-                               "--no-dqn-dueling", "--dqn-hidden-sizes", "16", "--dqn-n-step", "2", "--actor-batch-size", "40",
-                               "--min-replay-size", "5000")
+                               "--no-dqn-dueling", "--dqn-hidden-sizes", "16", "--dqn-n-step", "2",
+                               "--actor-batch-size", "40", "--min-replay-size", "5000")
     client = Client(proto, port)
     try:
         spec = client.spec()

@@ -15,8 +15,8 @@ from actorlearner.league import SELF
 from actorlearner.v1 import learner_pb2 as pb
 from custom_envs import GOAL_IMAGE_OPTIMAL_RETURN, GOAL_IMAGE_RANDOM_RETURN
 from multiagent_envs import HEURISTIC, RANDOM, TICTACTOE
-from procs import (CHILD_ENV, free_port, listening_port, run_command, start_actor, start_learner, start_rank, start_relay,
-                   status, stop, wait_until)
+from procs import (CHILD_ENV, free_port, listening_port, run_command, start_actor, start_learner, start_rank,
+                   start_relay, status, stop, wait_until)
 
 logger = logging.getLogger(__name__)
 
@@ -195,7 +195,8 @@ def test_self_play_learns_tic_tac_toe_that_beats_random_play_and_holds_the_heuri
         codes = stop(*actors, learner)
     assert codes == [0, 0, 0]
     played = run_command([sys.executable, "-m", "actorlearner", "eval", "--checkpoint", str(tmp_path / "ckpt"),
-                          "--opponents", f"{RANDOM},{HEURISTIC}", "--episodes", "40", "--json"], timeout=300, env=CHILD_ENV)
+                          "--opponents", f"{RANDOM},{HEURISTIC}", "--episodes", "40", "--json"],
+                         timeout=300, env=CHILD_ENV)
     assert played.returncode == 0, played.stderr[-2000:]
     records = json.loads(played.stdout)["opponents"]
     assert [sum(records[name][k] for k in ("wins", "draws", "losses")) for name in (RANDOM, HEURISTIC)] == [40, 40]
