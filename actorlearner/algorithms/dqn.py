@@ -172,8 +172,8 @@ class DQNTrainer(ApeXTrainer):
 
     def __init__(self, spec: ApeXSpec, *, device: str | torch.device = "cpu", seed: int = 0):
         super().__init__(spec, device=device, seed=seed)
-        # a plain MLP network (vector observations, one Discrete branch) steps with its gradients written out,
-        # Adam on its parameters as one flat tensor
+        # a plain MLP network (flat observations, one Discrete branch, masked or not) steps with its gradients
+        # written out, Adam on its parameters as one flat tensor
         self._mlp = MLPUpdate(self.online, self.target, self.config.huber_delta) if mlp_layers(self.online) else None
         self._params = [self._mlp.flat] if self._mlp else list(self.online.parameters())
         if self._mlp:
@@ -184,8 +184,7 @@ class DQNTrainer(ApeXTrainer):
         obs, a_tm1, r_t, discount_t, next_obs = self.spec.unpack(sample.data, self.device)
         weights = torch.as_tensor(sample.weights, device=self.device, dtype=torch.float32)
         if self._mlp is not None:
-            (leaf,) = obs
-            loss, td_abs, q_taken = self._mlp(obs[leaf], a_tm1, r_t, discount_t, next_obs[leaf], weights)
+            loss, td_abs, q_taken = self._mlp(obs, a_tm1, r_t, discount_t, next_obs, weights)
         else:
             loss, td_abs, q_taken = self._autograd_loss(obs, a_tm1, r_t, discount_t, next_obs, weights)
         grad_norm = clip_gradients(self._params, self.knobs.max_grad_norm)

@@ -1,8 +1,8 @@
 """DQN's update for a plain MLP Q network, its gradients written out: about half the torch ops of autograd's.
 
-A Q network over one flat observation leaf (a vector Box), an MLP torso and one Discrete branch
-without an action mask (every classic control task) is a chain of Linear+ReLU layers and a
-(dueling) head. On a CPU such a network's step is bound by dispatching torch ops, not by their
+A Q network over flat observation leaves (vector Boxes, MultiBinary), an MLP torso and one Discrete
+branch (every classic control task; board games with an ``action_mask``) is a chain of Linear+ReLU
+layers and a (dueling) head over the leaves' concatenated values. On a CPU such a network's step is bound by dispatching torch ops, not by their
 arithmetic: autograd, the optimizer's Python and the per-layer modules cost several times what
 the matrix products do. `MLPUpdate` runs the same update (double DQN on the IS-weighted Huber loss,
 `clip_gradients`, Adam) with the backward pass in closed form, and the parameters in one flat tensor
@@ -15,20 +15,21 @@ same map's transpose.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import Tensor, nn
 
 from actorlearner.networks import BranchingDuelingHead
 from actorlearner.networks.encoders import FlatEncoder
+from actorlearner.networks.heads import ILLEGAL_Q
 
 
 def mlp_layers(network: nn.Module) -> tuple[list[nn.Linear], BranchingDuelingHead] | None:
     """(hidden Linear layers, head) when ``network`` (a `dqn.QNetwork`) is a plain MLP Q network:
-    one flat leaf, Linear+ReLU pairs, one action branch, no action mask; else None."""
+    flat leaves only, Linear+ReLU pairs, one action branch (an action mask or not); else None."""
     encoder, head = network.encoder, network.head
-    if network.mask_key is not None or len(head.sizes) != 1 or len(encoder.leaf_encoders) != 1:
-        return None
-    if type(encoder.leaf_encoders[0]) is not FlatEncoder:
+    if len(head.sizes) != 1 or any(type(leaf) is not FlatEncoder for leaf in encoder.leaf_encoders):
         return None
     layers = list(encoder.mlp)
     if any(type(layer) is not nn.Linear for layer in layers[0::2]) or any(type(r) is not nn.ReLU for r in layers[1::2]):
@@ -48,7 +49,8 @@ class MLPUpdate:
         self.online, self.online_head = _parts(online)
         self.target, self.target_head = _parts(target)
         self.dueling = online.head.value is not None
-        self.width = online.encoder.leaf_encoders[0].output_dim
+        self.leaves = [(key, leaf.output_dim) for key, leaf in zip(online.encoder.keys, online.encoder.leaf_encoders)]
+        self.mask_key = online.mask_key
         self.delta = float(huber_delta)
         params = [p for layer in self.online for p in (layer.weight, layer.bias)] + self._head_params(online.head)
         if [id(p) for p in params] != [id(p) for p in online.parameters()]:
@@ -63,20 +65,26 @@ class MLPUpdate:
         value = [head.value.weight, head.value.bias] if head.value is not None else []
         return [head.advantages.weight, head.advantages.bias, *value]
 
-    def __call__(self, obs: Tensor, a_tm1: Tensor, r_t: Tensor, discount_t: Tensor, next_obs: Tensor,
-                 weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def __call__(self, obs: Mapping[str, Tensor], a_tm1: Tensor, r_t: Tensor, discount_t: Tensor,
+                 next_obs: Mapping[str, Tensor], weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Set ``flat.grad`` to the loss's gradient; return (loss, |TD| [B], Q of the actions taken [B]).
 
-        ``obs`` and ``next_obs`` are the leaf's tensors as stored, ``a_tm1`` action indices [B, 1],
+        ``obs`` and ``next_obs`` are the leaves' tensors as stored, ``a_tm1`` action indices [B, 1],
         ``r_t``, ``discount_t`` and the IS ``weights`` [B]."""
-        batch = obs.shape[0]
+        batch = a_tm1.shape[0]
         with torch.no_grad():
-            x = torch.cat((obs.reshape(batch, self.width), next_obs.reshape(batch, self.width))).to(torch.float32)
+            leaves = [torch.cat((obs[key].reshape(batch, width), next_obs[key].reshape(batch, width)))
+                      for key, width in self.leaves]
+            x = (leaves[0] if len(leaves) == 1 else torch.cat(leaves, 1)).to(torch.float32)
             hidden, (w, b) = self._torso(self.online, x), _dueling(self.online_head)
             q_both = torch.addmm(b, hidden[-1], w.t())
-            q_tm1, q_t_online = q_both[:batch], q_both[batch:]
             tw, tb = _dueling(self.target_head)
             q_t_target = torch.addmm(tb, self._torso(self.target, x[batch:])[-1], tw.t())
+            if self.mask_key is not None:  # as `heads.mask_q`: illegal actions' Q values, and their gradients, go
+                illegal = torch.cat((obs[self.mask_key], next_obs[self.mask_key])) < 0.5
+                q_both.masked_fill_(illegal, ILLEGAL_Q)
+                q_t_target.masked_fill_(illegal[batch:], ILLEGAL_Q)
+            q_tm1, q_t_online = q_both[:batch], q_both[batch:]
             a_t = q_t_online.argmax(1, keepdim=True)
             target = torch.addcmul(r_t, discount_t, q_t_target.gather(1, a_t).squeeze(1))
             q_taken = q_tm1.gather(1, a_tm1).squeeze(1)
@@ -87,6 +95,8 @@ class MLPUpdate:
             # d loss / d q_taken = -w * clamp(td, -delta, delta) / B, on the action taken only
             d_q = torch.zeros_like(q_tm1).scatter_(1, a_tm1, (td.clamp(-self.delta, self.delta) * weights).div_(-batch)
                                                    .unsqueeze(1))
+            if self.mask_key is not None:
+                d_q.masked_fill_(illegal[:batch], 0.0)
             self._backward(d_q, w, [h[:batch] for h in hidden])
         return loss, td_abs, q_taken
 

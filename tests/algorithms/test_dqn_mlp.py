@@ -1,5 +1,5 @@
-"""DQN's closed-form update for plain MLP Q networks: the same steps as autograd's, for the networks it
-takes; every other network stays on autograd; checkpoints (also per-layer Adam slots) continue alike."""
+"""DQN's closed-form update for plain MLP Q networks (action masks too): the same steps as autograd's, for the
+networks it takes; every other network stays on autograd; checkpoints (also per-layer Adam slots) continue alike."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from actorlearner.algorithms.dqn import DQN, DQNConfig
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 BOX = spaces.Box(-2.0, 2.0, (2, 3), np.float64)  # flattened and cast by the network, as FlatEncoder does
+# A board game's: two flat leaves, one of them the action mask (also a feature, as the encoder takes it)
+MASKED = spaces.Dict({"board": BOX, "action_mask": spaces.MultiBinary(3)})
 
 
 def trainers(config: DQNConfig, obs_space=BOX, act_space=spaces.Discrete(3, start=1)):
@@ -29,17 +31,27 @@ def trainers(config: DQNConfig, obs_space=BOX, act_space=spaces.Discrete(3, star
     return fast, slow
 
 
-def sample(rng: np.random.Generator, size: int = 48) -> SimpleNamespace:
+def sample(rng: np.random.Generator, size: int = 48, masked: bool = False) -> SimpleNamespace:
+    """A batch of BOX (or MASKED) transitions; with masks, the action taken is legal and every next action
+    illegal where the episode ended (a full board), as a game gives them."""
     data = {"obs": rng.normal(size=(size, 2, 3)), "next_obs": rng.normal(size=(size, 2, 3)),
             "action": rng.integers(1, 4, size), "reward": rng.normal(scale=3, size=size).astype(np.float32),
             "discount": ((rng.random(size) > 0.2) * 0.97).astype(np.float32)}
+    if masked:
+        for name in ("obs", "next_obs"):
+            data[f"{name}/board"] = data.pop(name)
+        legal = (rng.random((size, 3)) > 0.5).astype(np.int8)
+        legal[np.arange(size), data["action"] - 1] = 1
+        next_legal = (rng.random((size, 3)) > 0.5).astype(np.int8)
+        next_legal[data["discount"] == 0] = 0
+        data["obs/action_mask"], data["next_obs/action_mask"] = legal, next_legal
     return SimpleNamespace(data={k: torch.as_tensor(v) for k, v in data.items()},
                            weights=rng.random(size).astype(np.float32))
 
 
-def assert_same_steps(fast, slow, steps: int, rng: np.random.Generator) -> None:
+def assert_same_steps(fast, slow, steps: int, rng: np.random.Generator, masked: bool = False) -> None:
     for _ in range(steps):
-        batch = sample(rng)
+        batch = sample(rng, masked=masked)
         (fast_priorities, fast_metrics), (slow_priorities, slow_metrics) = fast.update(batch), slow.update(batch)
         torch.testing.assert_close(fast_priorities, slow_priorities, rtol=1e-4, atol=1e-5)
         for name, value in slow_metrics.items():
@@ -56,6 +68,13 @@ def test_the_closed_form_update_takes_autograds_steps(hidden, dueling):
     assert_same_steps(fast, slow, 8, np.random.default_rng(0))  # the target synced twice, gradients clipped
 
 
+@pytest.mark.parametrize("dueling", [True, False])
+def test_the_closed_form_update_takes_autograds_steps_with_an_action_mask(dueling):
+    fast, slow = trainers(DQNConfig(hidden_sizes=(16, 8), dueling=dueling, target_update_period=3), MASKED)
+    assert fast._mlp.mask_key == "action_mask"
+    assert_same_steps(fast, slow, 8, np.random.default_rng(2), masked=True)
+
+
 def test_the_parameters_live_in_one_flat_tensor_that_adam_steps():
     fast, _ = trainers(DQNConfig(hidden_sizes=(8,)))
     flat = fast._mlp.flat
@@ -70,7 +89,6 @@ def test_the_parameters_live_in_one_flat_tensor_that_adam_steps():
     (spaces.Box(0, 255, (36, 36, 3), np.uint8), spaces.Discrete(4)),  # an image: conv torso
     (spaces.Dict({"a": spaces.Box(-1, 1, (2,)), "b": spaces.Discrete(3)}), spaces.Discrete(2)),  # two leaves
     (spaces.Box(-1, 1, (4,)), spaces.MultiDiscrete([2, 3])),  # two branches
-    (spaces.Dict({"obs": spaces.Box(-1, 1, (4,)), "action_mask": spaces.MultiBinary(3)}), spaces.Discrete(3)),
 ])
 def test_every_other_network_stays_on_autograd(obs_space, act_space):
     trainer = DQN(obs_space, act_space, DQNConfig(hidden_sizes=(8,))).make_trainer()
