@@ -23,10 +23,11 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed
 	$(BIN)/python -m actorlearner run --env CartPole-v1 --actors 2 --target-return 475 --max-seconds 600 --seed $(SEED)
 
-# Two pytest-xdist workers, each module whole on one; tests/system/test_learning.py (every learning test) goes
-# first (tests/conftest.py). A plain `pytest tests/ROOM/test_x.py` runs in one process as before.
+# Three pytest-xdist workers on two cores (many tests wait on processes they started: a third worker fills
+# that idle CPU), each module whole on one; tests/system/test_learning.py (every learning test) goes first
+# (tests/conftest.py). A plain `pytest tests/ROOM/test_x.py` runs in one process as before.
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/bench_replay.py

@@ -1,5 +1,5 @@
 """Shared fixtures: every device-aware test runs on CPU and, when there is one, on CUDA; and the order
-in which `make test` hands modules to its two pytest-xdist workers.
+in which `make test` hands modules to its pytest-xdist workers.
 
 Tests sit in one folder per room of the package they test (``tests/learner/``, ``tests/replay/``...);
 what they share (process helpers, test envs, raw clients) is in ``tests/support/``, importable by name.
@@ -86,6 +86,6 @@ def make_tree(fast_replay_path):
 
 
 def pytest_collection_modifyitems(config, items):
-    """`make test` gives each module whole to one of two pytest-xdist workers (``--dist loadfile``). The
+    """`make test` gives each module whole to one of its pytest-xdist workers (``--dist loadfile``). The
     learning tests race the clock, so they share one module, run in turn; it goes first, being longest."""
     items.sort(key=lambda item: item.get_closest_marker("learning") is None)

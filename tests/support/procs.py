@@ -149,7 +149,7 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.2):
 
 def stop(*procs: subprocess.Popen, timeout: float = 60) -> list[int]:
     """SIGTERM each process and return the exit codes (SIGKILL past ``timeout``: generous, since a
-    draining process shares two cores with the other xdist worker's processes)."""
+    draining process shares two cores with the other xdist workers' processes)."""
     for proc in procs:
         if proc.poll() is None:
             proc.terminate()

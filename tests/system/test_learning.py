@@ -51,7 +51,7 @@ def run_until(target: float, *args: str) -> dict:
 
 
 def test_every_learning_test_is_in_this_module(request):
-    """`make test` runs this module's tests in turn on one worker, beside the other worker's modules."""
+    """`make test` runs this module's tests in turn on one worker, beside the other workers' modules."""
     strays = [item.nodeid for item in request.session.items
               if item.get_closest_marker("learning") and item.path.name != "test_learning.py"]
     assert not strays
