@@ -2,11 +2,12 @@
 
 A Q network over flat observation leaves (vector Boxes, MultiBinary), an MLP torso and one Discrete
 branch (every classic control task; board games with an ``action_mask``) is a chain of Linear+ReLU
-layers and a (dueling) head over the leaves' concatenated values. On a CPU such a network's step is bound by dispatching torch ops, not by their
-arithmetic: autograd, the optimizer's Python and the per-layer modules cost several times what
-the matrix products do. `MLPUpdate` runs the same update (double DQN on the IS-weighted Huber loss,
-`clip_gradients`, Adam) with the backward pass in closed form, and the parameters in one flat tensor
-that clipping and Adam each treat in one operation. The network keeps its modules and state dict.
+layers and a (dueling) head over the leaves' concatenated values. On a CPU such a network's step is
+bound by dispatching torch ops, not by their arithmetic: autograd, the optimizer's Python and the
+per-layer modules cost several times what the matrix products do. `MLPUpdate` runs the same update
+(double DQN on the IS-weighted Huber loss, `clip_gradients`, Adam) with the backward pass in closed
+form, and the parameters in one flat tensor that clipping and Adam each treat in one operation. The
+network keeps its modules and state dict.
 
 The dueling head ``Q = V + A - mean(A)`` is linear in its weights, so it is applied as one Linear of
 ``W = W_A - mean_rows(W_A) + w_V`` (bias alike); its gradient goes back to ``W_A`` and ``w_V`` by the
