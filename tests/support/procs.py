@@ -3,6 +3,7 @@ a process (its children, command line, start time)."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import socket
@@ -59,8 +60,24 @@ def launch(command: list[str], **popen) -> subprocess.Popen | ForkedProcess:
     process, and the kernel ties it to the thread that started it), any other with `subprocess.Popen`."""
     if command[1:3] != ["-m", "actorlearner"] or command[3] not in FORKED or \
             threading.current_thread() is not threading.main_thread():
-        return subprocess.Popen(command, **popen)
+        proc = subprocess.Popen(command, **popen)
+        _popened[:] = [*(p for p in _popened if p.returncode is None), proc]
+        return proc
     return fork(command, None, **popen)
+
+
+_popened: list[subprocess.Popen] = []
+"""What `launch` started with `subprocess.Popen` and has not seen end. An env server or a relay has no parent
+to end with (a user's has none either), so one that a failing test started and never stopped would outlive
+this pytest process: `_end_popened` kills those left as this process exits."""
+
+
+@atexit.register
+def _end_popened() -> None:
+    for proc in _popened:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def run_command(command: list[str], timeout: float, **popen) -> subprocess.CompletedProcess:
