@@ -102,7 +102,7 @@ class ApeXPolicy(Policy):
         return apex_epsilons(num_actors, self.config.epsilon_base, self.config.epsilon_alpha)[actor_index % num_actors]
 
     def epsilon_greedy(self, greedy: np.ndarray, exploration: np.ndarray | float,
-                       legal: Tensor | None = None) -> np.ndarray:
+                       legal: np.ndarray | None = None) -> np.ndarray:
         """Env actions from greedy branch indices [E, D]: each row all random with probability ``exploration``
         (uniform over the actions ``legal`` [E, N] marks 1, when the observation masks actions)."""
         n = greedy.shape[0]
@@ -110,7 +110,7 @@ class ApeXPolicy(Policy):
             exploration = np.broadcast_to(np.asarray(exploration, dtype=np.float64), (n,))
         explore = self._rng.random(n) < exploration
         if legal is not None:
-            random_actions = (self._rng.random(legal.shape) * (legal.cpu().numpy() >= 0.5)).argmax(-1)[:, None]
+            random_actions = (self._rng.random(legal.shape) * (legal >= 0.5)).argmax(-1)[:, None]
         else:
             random_actions = (self._rng.random(greedy.shape) * self._sizes).astype(np.int64)
         return self.branches.from_indices(np.where(explore[:, None], random_actions, greedy))

@@ -185,7 +185,7 @@ class R2D2Policy(ApeXPolicy):
                  for name, value in self.memory.current(num_envs).items()}
         q, new_state = self.online(leaves, state)
         self.memory.advance({name: value.cpu().numpy() for name, value in new_state.items()})
-        legal = leaves[self.online.mask_key][:, 0] if self.online.mask_key else None
+        legal = leaves[self.online.mask_key][:, 0].cpu().numpy() if self.online.mask_key else None
         return self.epsilon_greedy(q[:, 0].argmax(dim=-1).cpu().numpy(), exploration, legal)
 
     def reset_memory(self, envs: np.ndarray) -> None:

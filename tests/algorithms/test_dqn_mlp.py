@@ -1,5 +1,6 @@
 """DQN's closed-form update for plain MLP Q networks (action masks too): the same steps as autograd's, for the
-networks it takes; every other network stays on autograd; checkpoints (also per-layer Adam slots) continue alike."""
+networks it takes; every other network stays on autograd; checkpoints (also per-layer Adam slots) continue alike.
+Acting on such a network runs its forward in numpy: the network's Q values, whatever weights it loads."""
 
 from __future__ import annotations
 
@@ -91,8 +92,9 @@ def test_the_parameters_live_in_one_flat_tensor_that_adam_steps():
     (spaces.Box(-1, 1, (4,)), spaces.MultiDiscrete([2, 3])),  # two branches
 ])
 def test_every_other_network_stays_on_autograd(obs_space, act_space):
-    trainer = DQN(obs_space, act_space, DQNConfig(hidden_sizes=(8,))).make_trainer()
-    assert trainer._mlp is None
+    spec = DQN(obs_space, act_space, DQNConfig(hidden_sizes=(8,)))
+    trainer = spec.make_trainer()
+    assert trainer._mlp is None and spec.make_policy()._numpy_q is None
     assert len(trainer.optimizer.param_groups[0]["params"]) == len(list(trainer.online.parameters()))
 
 
@@ -111,3 +113,24 @@ def test_a_checkpoint_continues_alike_and_per_layer_adam_slots_are_joined():
     assert_same_steps(resumed, slow, 5, rng)
     rng.bit_generator.state = state
     assert_same_steps(joined, fast, 5, rng)
+
+
+@pytest.mark.parametrize("rows", [6, 40])  # numpy's forward, then torch's past `MLPActing.max_rows`
+@pytest.mark.parametrize("space, hidden, dueling", [(BOX, (16, 8), True), (BOX, (), False), (MASKED, (16,), True)])
+def test_acting_runs_the_networks_forward_in_numpy_and_follows_the_weights_it_loads(space, hidden, dueling, rows):
+    spec = DQN(space, spaces.Discrete(3, start=1), DQNConfig(hidden_sizes=hidden, dueling=dueling))
+    policy, other = spec.make_policy(seed=0), spec.make_policy(seed=1)
+    assert policy._numpy_q is not None and (rows <= policy._numpy_q.max_rows) == (rows == 6)
+    data = sample(np.random.default_rng(4), size=rows, masked=space is MASKED).data
+    obs = {key.removeprefix("obs/"): value.numpy() for key, value in data.items() if key.startswith("obs/")} \
+        if space is MASKED else data["obs"].numpy()
+    seen = []
+    for _ in range(2):  # before and after loading another policy's weights
+        actions, q = policy.act_values(obs, 0.0)
+        with torch.no_grad():
+            expected = policy.online({key: torch.as_tensor(array) for key, array in policy._split(obs).items()})
+        np.testing.assert_allclose(q, expected.numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(actions, expected[:, 0].argmax(-1).numpy() + 1)
+        seen.append(q)
+        policy.load_policy_state_dict(other.policy_state_dict())
+    assert not np.allclose(seen[0], seen[1])

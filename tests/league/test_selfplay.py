@@ -7,6 +7,7 @@ import subprocess
 import sys
 import urllib.request
 
+import gymnasium
 import numpy as np
 import pytest
 import torch
@@ -15,7 +16,7 @@ from actorlearner import wire
 from actorlearner.config import LeagueConfig, LearnerConfig
 from actorlearner.envs.tictactoe import heuristic_player, random_player, tic_tac_toe
 from actorlearner.league import SELF, League, SeatEnv
-from actorlearner.league.opponents import ScriptedPlayer
+from actorlearner.league.opponents import ScriptedPlayer, one_row
 from actorlearner.league.ratings import INITIAL_RATING, expected_score
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.server import serve
@@ -213,6 +214,24 @@ def test_turn_based_seat_sees_only_its_own_moves_and_collects_the_replys_reward(
     assert {g.seat for g in games} == {"x", "o"}
     assert sum(g.outcome == "loss" for g in games) > sum(g.outcome == "win" for g in games), \
         "a random seat loses more often than it beats the heuristic"
+
+
+def test_a_policy_player_batches_its_one_observation_as_a_vector_env_of_one_would():
+    space = gymnasium.spaces.Dict({"board": gymnasium.spaces.Box(-1, 1, (3, 3), np.float32),
+                                   "turn": gymnasium.spaces.Discrete(2),
+                                   "pair": gymnasium.spaces.Tuple((gymnasium.spaces.MultiBinary(4),
+                                                                   gymnasium.spaces.Box(0, 9, (), np.int16)))})
+    space.seed(0)
+    for _ in range(5):
+        observation = space.sample()
+        ours = one_row(space, observation)
+        theirs = gymnasium.vector.utils.concatenate(space, [observation],
+                                                    gymnasium.vector.utils.create_empty_array(space, 1))
+        assert ours.keys() == theirs.keys() and len(ours["pair"]) == len(theirs["pair"]) == 2
+        for mine, expected in [(ours["board"], theirs["board"]), (ours["turn"], theirs["turn"]),
+                               *zip(ours["pair"], theirs["pair"])]:
+            assert mine.dtype == expected.dtype and mine.shape == expected.shape
+            np.testing.assert_array_equal(mine, expected)
 
 
 # -- learner sessions and batches ---------------------------------------------------------------
