@@ -7,6 +7,7 @@ import ctypes
 import os
 import signal
 import sys
+from collections.abc import Callable
 
 PARENT_ENV = "ACTORLEARNER_PARENT_PID"
 """Set by a command that starts another of this package's commands as a child (``run``'s actors): the pid
@@ -36,3 +37,17 @@ def end_with_parent_from_env(sig: int = signal.SIGTERM) -> None:
     parent = os.environ.pop(PARENT_ENV, "")
     if parent.isdigit():
         end_with_parent(int(parent), sig)
+
+
+def tied_to_this_process(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """A ``preexec_fn`` for `subprocess.Popen`: the child, between fork and exec, asks the kernel for ``sig``
+    once the thread starting it ends, as :func:`end_with_parent` asks; None where the kernel has no such signal.
+    For a script's children that are not this package's forked processes (a benchmark's commands)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+
+    def ask() -> None:
+        if prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    return ask

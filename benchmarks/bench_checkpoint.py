@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from actorlearner.lifeline import tied_to_this_process
+
 REPO = Path(__file__).resolve().parent.parent
 TARGET_S = 0.050
 """The longest an insert may wait on a checkpoint."""
@@ -214,7 +216,8 @@ def run_tree(tree: Path, case: str, runs: int, workroot: str) -> dict:
     try:
         env = {**os.environ, "PYTHONPATH": str(tree)}
         out = subprocess.run([sys.executable, __file__, "--child", "--case", case, "--runs", str(runs),
-                              "--workdir", workdir], env=env, check=True, stdout=subprocess.PIPE, text=True)
+                              "--workdir", workdir], env=env, check=True, stdout=subprocess.PIPE, text=True,
+                             preexec_fn=tied_to_this_process())
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])

@@ -30,6 +30,7 @@ from curves import HERE, run_seed, split_passthrough, summary
 from actorlearner.config import LearnerConfig
 from actorlearner.config.presets import AUTO, preset
 from actorlearner.curve import target_reached
+from actorlearner.lifeline import tied_to_this_process
 
 # Gymnasium's reward_threshold for each task (LunarLander's 200, MountainCar's -110, ...).
 TARGETS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "LunarLander-v3": 200.0, "MountainCar-v0": -110.0}
@@ -82,7 +83,7 @@ def run_peer(task: str, seed: int, target: float, holds: int, cap: float, echo: 
                "--holds", str(holds), "--eval-every", str(every), "--eval-episodes", str(episodes),
                "--max-seconds", str(cap)]
     start = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=cap + 600)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=cap + 600, preexec_fn=tied_to_this_process())
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     points = [(line["seconds"], line["env_steps"], line["eval_return"]) for line in lines if "eval_return" in line]
     final = next((line for line in lines if line.get("final")), {})

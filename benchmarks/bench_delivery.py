@@ -33,6 +33,7 @@ from actorlearner import wire
 from actorlearner.config import LearnerConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.server import serve
+from actorlearner.lifeline import tied_to_this_process
 from actorlearner.streaming.service import CONNECT_METHOD
 from actorlearner.transport import grpc_options
 from actorlearner.v1 import learner_pb2 as pb
@@ -109,7 +110,7 @@ def start_relay(upstream: str, max_streams: int) -> tuple[subprocess.Popen, str]
     """An ``actorlearner relay`` process and the address it listens on."""
     proc = subprocess.Popen([sys.executable, "-m", "actorlearner", "relay", "--upstream", upstream, "--port", "0",
                              "--max-streams", str(max_streams), "--max-message-bytes", str(MESSAGE_LIMIT)],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, preexec_fn=tied_to_this_process())
     line = proc.stdout.readline()
     match = re.search(r"listening on ([\d.]+:\d+)", line)
     if not match:

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import grpc
 
+from actorlearner.lifeline import tied_to_this_process
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
@@ -79,7 +80,7 @@ def spawn(command: list[str], log_path: Path, **popen) -> subprocess.Popen:
     """``python -m actorlearner COMMAND...``, its stderr to ``log_path``."""
     with log_path.open("w") as stderr:
         return subprocess.Popen([sys.executable, "-m", "actorlearner", *command], stderr=stderr,
-                                env=subprocess_env(), **popen)
+                                env=subprocess_env(), preexec_fn=tied_to_this_process(), **popen)
 
 
 def tail(path: Path, chars: int = 2000) -> str:
@@ -141,7 +142,8 @@ def loops(kind: str, preset: str, k: int, num_envs: int, warmup: float, seconds:
     start_at = time.time() + warmup  # wall clock: shared by the processes
     procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--loop", kind, preset, str(num_envs),
                                str(seconds), "--start-at", str(start_at), "--seed", str(i)],
-                              stdout=subprocess.PIPE, text=True, env=subprocess_env()) for i in range(k)]
+                              stdout=subprocess.PIPE, text=True, env=subprocess_env(),
+                              preexec_fn=tied_to_this_process()) for i in range(k)]
     try:
         outputs = [proc.communicate(timeout=warmup + seconds + 300)[0] for proc in procs]
     finally:

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import statistics
 import threading
 import time
@@ -30,6 +31,7 @@ from actorlearner import wire
 from actorlearner.config import LearnerConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.server import serve
+from actorlearner.lifeline import end_with_parent
 from actorlearner.transport import grpc_options
 from actorlearner.v1 import learner_pb2 as pb
 
@@ -74,10 +76,12 @@ def make_payload(obs: str, message_bytes: int) -> tuple[bytes, int]:
 
 # -- clients (separate processes, started once and kept for every run) ------------------------
 
-def client(payload: bytes, n: int, window: int, commands, stop, ready, done) -> None:
-    """Serve runs until told to end (None): each command ``(side, address, hello bytes)`` sends until
-    ``stop``, then sets ``done``. Torch and the link import once, not once per run."""
+def client(parent_pid: int, payload: bytes, n: int, window: int, commands, stop, ready, done) -> None:
+    """Serve runs until told to end (None) or the benchmark ends: each command ``(side, address, hello bytes)``
+    sends until ``stop``, then sets ``done``. Torch and the link import once, not once per run."""
     from actorlearner.actor.link import LearnerLink
+
+    end_with_parent(parent_pid)
 
     while (command := commands.get()) is not None:
         side, address, hello_bytes = command
@@ -131,7 +135,7 @@ class Clients:
         self.readies = [ctx.Event() for _ in range(count)]
         self.dones = [ctx.Event() for _ in range(count)]
         self.queues = [ctx.Queue() for _ in range(count)]
-        self.procs = [ctx.Process(target=client, daemon=True, args=(payload, n, window, q, self.stop, r, d))
+        self.procs = [ctx.Process(target=client, daemon=True, args=(os.getpid(), payload, n, window, q, self.stop, r, d))
                       for q, r, d in zip(self.queues, self.readies, self.dones)]
         for proc in self.procs:
             proc.start()

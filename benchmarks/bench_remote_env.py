@@ -28,6 +28,7 @@ import gymnasium as gym
 
 from actorlearner.envs import RemoteEnv
 from actorlearner.envs.steps import StepFormat
+from actorlearner.lifeline import tied_to_this_process
 from actorlearner.transport import grpc_options
 
 BARE_METHOD = "/bench.PingPong/Stream"
@@ -63,7 +64,7 @@ def serve_bare(reply_bytes: int) -> None:
 
 
 def start(command: list[str]) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, preexec_fn=tied_to_this_process())
     match = re.search(r"listening on [\d.]+:(\d+)", proc.stdout.readline())
     if not match:
         proc.kill()

@@ -24,6 +24,7 @@ import time
 import numpy as np
 import torch
 
+from actorlearner.lifeline import tied_to_this_process
 from actorlearner.replay import make_replay
 
 ALPHA, BETA, EPS = 0.6, 0.4, 1e-6
@@ -151,7 +152,7 @@ def compile_times(runs: int) -> dict[str, float]:
             env = {**os.environ, "NUMBA_CACHE_DIR": cache}
             for out in (cold, cached):
                 result = subprocess.run([sys.executable, "-c", FIRST_USE], env=env, capture_output=True, text=True,
-                                        check=True)
+                                        check=True, preexec_fn=tied_to_this_process())
                 out.append(float(result.stdout.split()[-1]))
     return {"cold_s": statistics.median(cold), "cached_s": statistics.median(cached), "runs": runs}
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import statistics
 import threading
 import time
@@ -26,6 +27,7 @@ from actorlearner import wire
 from actorlearner.config import LearnerConfig
 from actorlearner.learner.learner import Learner
 from actorlearner.learner.server import serve
+from actorlearner.lifeline import end_with_parent
 from actorlearner.streaming.service import CONNECT_METHOD
 from actorlearner.transport import grpc_options
 from actorlearner.v1 import learner_pb2 as pb
@@ -41,10 +43,12 @@ def cartpole_payload(transitions: int) -> bytes:
                               "discount": np.full(transitions, 0.99, np.float32), "next_obs": obs})
 
 
-def client_process(address: str, hello_bytes: bytes, first_id: int, streams: int, payload: bytes, n: int,
-                   window: int, stop, ready, go) -> None:
+def client_process(parent_pid: int, address: str, hello_bytes: bytes, first_id: int, streams: int, payload: bytes,
+                   n: int, window: int, stop, ready, go) -> None:
     """``streams`` streams as threads, each sending batches with a bounded unacked window once ``go`` is set (every
-    client's streams welcomed: streams opening while others already send would measure connection storms)."""
+    client's streams welcomed: streams opening while others already send would measure connection storms); it ends
+    with the benchmark."""
+    end_with_parent(parent_pid)
     priorities = [1.0] * n  # the learner's Welcome asks dqn actors for them
     def one_stream(actor_id: str, connected: threading.Event) -> None:
         hello = pb.Hello.FromString(hello_bytes)
@@ -125,7 +129,8 @@ def aggregate_rate(streams: int, args, payload: bytes, n: int) -> float:
             ready = ctx.Event()
             readies.append(ready)
             procs.append(ctx.Process(target=client_process, daemon=True,
-                                     args=(f"127.0.0.1:{port}", hello, first, share, payload, n, args.window, stop, ready, go)))
+                                     args=(os.getpid(), f"127.0.0.1:{port}", hello, first, share, payload, n,
+                                           args.window, stop, ready, go)))
             first += share
         batches_per_s = measure(lambda: learner.ingestion.inserted_batches, procs, stop, readies, go, args.warmup,
                                 args.seconds)

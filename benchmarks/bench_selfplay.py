@@ -47,6 +47,7 @@ import numpy as np
 from curves import HERE, REPO
 
 from actorlearner.envs.tictactoe import LINES, TicTacToe, heuristic_player, random_player
+from actorlearner.lifeline import tied_to_this_process
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
@@ -158,8 +159,10 @@ def spawn(name: str, cmd: list[str], log: Path, env: dict, server: bool) -> Chil
     """``cmd`` as a process logging to ``log``; a ``server`` prints its port first (``--port 0``)."""
     out = open(log, "w", buffering=1)
     if not server:
-        return Child(name, cmd, subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env), out)
-    popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=out, text=True, cwd=REPO, env=env)
+        return Child(name, cmd, subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env,
+                                                     preexec_fn=tied_to_this_process()), out)
+    popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=out, text=True, cwd=REPO, env=env,
+                             preexec_fn=tied_to_this_process())
     child = Child(name, cmd, popen, out, queue.Queue())
 
     def drain():

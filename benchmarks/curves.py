@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from actorlearner.curve import PANELS, new_panels, save_panels
+from actorlearner.lifeline import tied_to_this_process
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -79,7 +80,8 @@ def run_seed(env: str, seed: int, steps: int, max_seconds: float, extra: list[st
     reached = threading.Event()
     start = time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": path}, start_new_session=True)
+                            env={**os.environ, "PYTHONPATH": path}, start_new_session=True,
+                            preexec_fn=tied_to_this_process())
 
     def read_stderr() -> None:
         with open(log_path, "w") as log:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import grpc
 
+from actorlearner.lifeline import tied_to_this_process
 from actorlearner.v1 import learner_pb2 as pb
 from actorlearner.v1 import learner_pb2_grpc as pb_grpc
 
@@ -125,7 +126,8 @@ def soak(args: argparse.Namespace, workdir: Path) -> dict:
                    "--replay-capacity", str(args.replay_capacity), "--eval-every", "30", "--eval-episodes", "5",
                    "--eval-envs", "5", "--checkpoint-dir", str(workdir / "ckpt"), "--checkpoint-every", "60"]
     with open(learner_log, "w") as log:
-        learner = subprocess.Popen(learner_cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+        learner = subprocess.Popen(learner_cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+                                   preexec_fn=tied_to_this_process())
     errors: list[str] = []
     workers: list[subprocess.Popen] = []
     samples: dict[str, list[tuple[float, float]]] = {"learner": []}
@@ -142,7 +144,7 @@ def soak(args: argparse.Namespace, workdir: Path) -> dict:
                 workers.append(subprocess.Popen(
                     [sys.executable, __file__, "worker", "--learner", f"127.0.0.1:{port}", "--index", str(i),
                      "--streams", str(streams), "--num-envs", str(args.num_envs)],
-                    stdout=subprocess.PIPE, stderr=log, text=True))
+                    stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=tied_to_this_process()))
             samples[f"clients-{i}"] = []
         start = time.monotonic()
         deadline = time.monotonic() + 180

@@ -1,5 +1,4 @@
-"""DQN on a plain MLP Q network: its update with the gradients written out (about half the torch ops of
-autograd's), and its acting forward in numpy.
+"""DQN on a plain MLP Q network: the update with its gradients written out, and the acting forward in numpy.
 
 A Q network over flat observation leaves (vector Boxes, MultiBinary), an MLP torso and one Discrete
 branch (every classic control task; board games with an ``action_mask``) is a chain of Linear+ReLU
@@ -7,8 +6,8 @@ layers and a (dueling) head over the leaves' concatenated values. On a CPU such 
 bound by dispatching torch ops, not by their arithmetic: autograd, the optimizer's Python and the
 per-layer modules cost several times what the matrix products do. `MLPUpdate` runs the same update
 (double DQN on the IS-weighted Huber loss, `clip_gradients`, Adam) with the backward pass in closed
-form, and the parameters in one flat tensor that clipping and Adam each treat in one operation. The
-network keeps its modules and state dict.
+form (about half autograd's torch ops), and the parameters in one flat tensor that clipping and Adam each
+treat in one operation. The network keeps its modules and state dict.
 
 The dueling head ``Q = V + A - mean(A)`` is linear in its weights, so it is applied as one Linear of
 ``W = W_A - mean_rows(W_A) + w_V`` (bias alike); its gradient goes back to ``W_A`` and ``w_V`` by the
@@ -133,20 +132,24 @@ class MLPUpdate:
         self.flat.grad = torch.cat([grad.reshape(-1) for grad in grads])
 
 
+SINGLE_THREAD_PRODUCT = 2**18
+"""Multiply-adds (rows x inputs x outputs) up to which numpy's BLAS (OpenBLAS) runs a matrix product on one
+thread. Past it the product is split over threads, which on a busy machine takes several times longer, and the
+threads spin on the cores the other processes need; torch keeps to the process's thread count."""
+
+
 class MLPActing:
     """A plain MLP Q network's forward (see `mlp_layers`) in numpy, for acting on the CPU on at most `max_rows`
     rows. Its arrays are views of the network's parameters, so it follows weights loaded into them
     (`load_state_dict` copies in place)."""
-
-    max_rows = 16
-    """Past this, numpy's BLAS splits a (128, 128) layer's product over threads, each several times slower on a
-    busy machine than one thread; torch, held to the process's thread count, does more rows."""
 
     def __init__(self, network: nn.Module):
         layers, head = _parts(network)
         self.layers = [_transposed(layer) for layer in layers]
         self.advantages = _transposed(head.advantages)
         self.value = _transposed(head.value) if head.value is not None else None
+        self.max_rows = SINGLE_THREAD_PRODUCT // max(weight_t.size for weight_t, _ in [*self.layers, self.advantages])
+        """The most rows whose every product stays on one thread (16 for (128, 128) layers; 0 for a wide network)."""
         self._inverse_actions = np.float32(1 / head.advantages.out_features)
         self.leaves = [(key, leaf.output_dim) for key, leaf in zip(network.encoder.keys, network.encoder.leaf_encoders)]
         self.mask_key = network.mask_key

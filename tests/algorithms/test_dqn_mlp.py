@@ -115,12 +115,12 @@ def test_a_checkpoint_continues_alike_and_per_layer_adam_slots_are_joined():
     assert_same_steps(joined, fast, 5, rng)
 
 
-@pytest.mark.parametrize("rows", [6, 40])  # numpy's forward, then torch's past `MLPActing.max_rows`
-@pytest.mark.parametrize("space, hidden, dueling", [(BOX, (16, 8), True), (BOX, (), False), (MASKED, (16,), True)])
+@pytest.mark.parametrize("rows", [6, 40])  # 40 rows of the (128, 128) network: torch's forward (`MLPActing.max_rows`)
+@pytest.mark.parametrize("space, hidden, dueling", [(BOX, (128, 128), True), (BOX, (), False), (MASKED, (16,), True)])
 def test_acting_runs_the_networks_forward_in_numpy_and_follows_the_weights_it_loads(space, hidden, dueling, rows):
     spec = DQN(space, spaces.Discrete(3, start=1), DQNConfig(hidden_sizes=hidden, dueling=dueling))
     policy, other = spec.make_policy(seed=0), spec.make_policy(seed=1)
-    assert policy._numpy_q is not None and (rows <= policy._numpy_q.max_rows) == (rows == 6)
+    assert policy._numpy_q is not None
     data = sample(np.random.default_rng(4), size=rows, masked=space is MASKED).data
     obs = {key.removeprefix("obs/"): value.numpy() for key, value in data.items() if key.startswith("obs/")} \
         if space is MASKED else data["obs"].numpy()
@@ -134,3 +134,10 @@ def test_acting_runs_the_networks_forward_in_numpy_and_follows_the_weights_it_lo
         seen.append(q)
         policy.load_policy_state_dict(other.policy_state_dict())
     assert not np.allclose(seen[0], seen[1])
+
+
+def test_a_network_whose_products_would_be_split_over_threads_acts_through_torch():
+    """Numpy's BLAS would run (2, 5000) x (5000, 5000) on several threads: such a network never acts in numpy."""
+    policy = DQN(BOX, spaces.Discrete(3), DQNConfig(hidden_sizes=(5000, 5000))).make_policy()
+    assert policy._numpy_q.max_rows == 0
+    assert DQN(BOX, spaces.Discrete(3), DQNConfig(hidden_sizes=(128, 128))).make_policy()._numpy_q.max_rows == 16
