@@ -156,8 +156,7 @@ class ApeXTrainer(CapturableTrainer):
         if tau >= 1.0:
             self.target.load_state_dict(self.online.state_dict())
             return
-        for target_param, online_param in zip(self.target.parameters(), self.online.parameters()):
-            target_param.lerp_(online_param, tau)
+        torch._foreach_lerp_(list(self.target.parameters()), list(self.online.parameters()), tau)
 
     def retune(self, config: Any) -> None:
         """Take a config with other runtime-tunable options; the optimizer's lr follows it."""
