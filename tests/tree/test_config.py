@@ -69,7 +69,8 @@ def test_every_kind_of_value_parses():
 def test_algorithm_options_from_flag_env_and_toml_land_in_algorithm_config(tmp_path):
     toml = tmp_path / "learner.toml"
     toml.write_text('algorithm = "dqn"\n[dqn]\nepsilon_base = 0.3\ntarget_update_period = 100\n')
-    argv = ["--config", str(toml), "--algorithm", "dqn", "--dqn-lr", "0.01"]
+    # --preset none: the default env's preset (its own tests are in test_presets.py) sets no option here
+    argv = ["--config", str(toml), "--algorithm", "dqn", "--dqn-lr", "0.01", "--preset", "none"]
     environ = {"ACTORLEARNER_DQN_HIDDEN_SIZES": "16,16"}
     learner = cfg.build(cfg.LearnerConfig, parse(cfg.LearnerConfig, argv, DQN), environ, DQN)
     assert learner.algorithm == "dqn"
