@@ -21,7 +21,7 @@ def relay_command(config: RelayConfig) -> int:
     with serve(config, health) as (relay, port), metrics_port(config.host, config.metrics_port, relay.metrics):
         print(f"relay listening on {config.host}:{port}", flush=True)
         while not stop.wait(1.0) and not relay.failed.is_set():
-            health.set(relay.up)
+            pass  # health follows the upstream as it goes up and down (the relay tells it)
         health.set(False)
     if relay.error is not None:
         logger.error("%s", relay.error)

@@ -21,6 +21,7 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -106,7 +107,7 @@ class Relay(Reconnecting):
     when the upstream refuses the relay for good.
     """
 
-    def __init__(self, config: RelayConfig):
+    def __init__(self, config: RelayConfig, on_up: Callable[[bool], None] = lambda up: None):
         super().__init__(config.upstream, config.security, config.max_message_bytes, config.reconnect_initial,
                          config.reconnect_max, "relay-upstream")
         self.config = config
@@ -124,6 +125,7 @@ class Relay(Reconnecting):
         self.acked = 0  # batches the learner acked to the relay's actors, duplicates included
         self._requests: queue.Queue | None = None
         self._awaited_version: int | None = None  # welcomed; up once this version is held
+        self._on_up = on_up  # told each time ``up`` changes (the relay's health), as it changes
 
     def close(self) -> None:
         super().close()
@@ -312,6 +314,7 @@ class Relay(Reconnecting):
         with self.lock:
             if not self.up and self._awaited_version is not None and version >= self._awaited_version:
                 self.up, self._awaited_version = True, None
+                self._on_up(True)
                 logger.info("relay %s connected upstream to %s (learner %s)", self.relay_id, self.config.upstream,
                             self.welcome.learner_id)
 
@@ -319,6 +322,8 @@ class Relay(Reconnecting):
         """The upstream stream is gone: end every downstream stream (their actors resend elsewhere or later)."""
         with self.lock:
             was_up, self.up, self._awaited_version = self.up, False, None
+            if was_up:
+                self._on_up(False)
             if self._requests is not None:
                 self._requests.put(None)
                 self._requests = None

@@ -151,7 +151,7 @@ class RelayService(StreamSessions, pb_grpc.LearnerServicer):
 def serve(config: RelayConfig, health: Health | None = None):
     """Run a relay: its upstream stream, and its Learner service on an event loop of its own; yields the
     relay and the bound port."""
-    relay = Relay(config).start()
+    relay = (Relay(config, health.set) if health is not None else Relay(config)).start()
     try:
         with serving("relay-grpc", lambda: RelayService(relay), f"{config.host}:{config.port}", config.max_streams,
                      config.max_message_bytes, config.security, health, SERVER_STOP_GRACE_SECONDS,
