@@ -13,8 +13,8 @@ import signal
 import subprocess
 import sys
 
-from procs import (CHILD_ENV, LISTENING, NOT_TRAINING, alive, descendants, start_actor, start_learner, status,
-                   status_if, stop, wait_until)
+from procs import (CHILD_ENV, LISTENING, NOT_TRAINING, alive, descendants, process_report, start_actor,
+                   start_learner, status, status_if, stop, wait_until)
 
 ATARI = ["--frame-stack", "4", "--num-envs", "4"]
 LIGHT = ["--actor-batch-size", "32", "--no-actor-priorities"]  # a first batch after a few steps
@@ -98,7 +98,10 @@ def test_the_actors_run_started_end_when_run_is_sigkilled(tmp_path):
                               "run's actors and their loop processes")
         run.send_signal(signal.SIGKILL)
         assert run.wait(60) == -signal.SIGKILL
-        wait_until(lambda: not alive(children), 60, f"no process left of {sorted(children)}")
+        try:
+            wait_until(lambda: not alive(children), 60, f"no process left of {sorted(children)}")
+        except AssertionError as exc:  # say which are left, and where they wait
+            raise AssertionError(f"{exc}; left: {process_report(children)}") from None
     finally:
         if run.poll() is None:
             run.kill()

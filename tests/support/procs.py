@@ -215,6 +215,23 @@ def alive(processes: dict[int, str]) -> dict[int, str]:
     return {pid: started for pid, started in processes.items() if start_time(pid) == started}
 
 
+def process_report(processes: dict[int, str]) -> str:
+    """For a failure message: each of ``processes`` still running, with its command line, state, signal masks
+    (pending, blocked, ignored, caught) and where each of its threads waits."""
+    lines = []
+    for pid in alive(processes):
+        try:
+            status_lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+            fields = " ".join(line.replace("\t", "") for line in status_lines
+                              if line.startswith(("State", "PPid", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")))
+            threads = [f"{Path(task, 'comm').read_text().strip()}@{Path(task, 'wchan').read_text().strip()}"
+                       for task in sorted(Path(f"/proc/{pid}/task").iterdir())]
+        except OSError:  # it ended meanwhile
+            continue
+        lines.append(f"{pid} [{cmdline(pid)[:100]}] {fields} threads: {', '.join(threads)}")
+    return "; ".join(lines) or "none"
+
+
 def cmdline(pid: int) -> str:
     """``pid``'s command line, space-separated (empty once it is gone)."""
     try:
